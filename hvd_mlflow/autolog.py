@@ -1,0 +1,119 @@
+"""``hvd_mlflow.autolog()``: add the callback to every Keras ``fit`` on every rank.
+
+``fit`` of every importable Keras flavour's ``Model`` is wrapped once. The wrapper puts a
+:class:`~hvd_mlflow.HorovodMlflowCallback` of the model's own flavour FIRST in the callback list (unless the
+user passed one), ends a run that hvd-mlflow created as FAILED when ``fit`` raises, and never lets a problem
+of its own break the user's ``fit``: if the callback cannot be built, ``fit`` runs without it, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import destination, keras_flavour
+from ._log import logger
+from .callback import HorovodMlflowCallback
+
+_originals: dict[type, Callable[..., Any]] = {}
+_settings: dict[str, Any] | None = None
+
+
+def autolog(
+    disable: bool = False,
+    silent: bool | None = None,
+    extra_tags: Mapping[str, str] | None = None,
+    flush_timeout: float | None = None,
+    run_wait: float | None = None,
+) -> None:
+    """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
+
+    Call it on every rank, after ``hvd.init()`` and before ``fit``. Each epoch, every numeric entry of
+    Keras' logs (``loss``, ``accuracy``, ``val_loss``, ...) is averaged over all ranks with one Horovod
+    collective and written back into the logs, so every later callback on every rank sees the global value;
+    rank 0 logs the values to the MLflow run at ``step=epoch`` from a background thread. Inside an AzureML
+    job the run is the job's (``MLFLOW_RUN_ID``); elsewhere it is rank 0's active run or a new one.
+
+    Example::
+
+        import horovod.tensorflow as hvd
+        import hvd_mlflow
+
+        hvd.init()
+        hvd_mlflow.autolog()
+        model.fit(x_shard, y_shard, epochs=20, validation_data=(xv_shard, yv_shard))
+
+    Args:
+        disable: undo a previous ``autolog()``: ``fit`` is restored.
+        silent: no warnings from hvd-mlflow (``HVD_MLFLOW_SILENT``).
+        extra_tags: tags added to every run (``HVD_MLFLOW_EXTRA_TAGS="k=v,k2=v2"``).
+        flush_timeout: seconds ``fit`` waits at its end for undelivered metrics (``HVD_MLFLOW_FLUSH_TIMEOUT``,
+            default 60).
+        run_wait: seconds rank 0 waits at train begin for the run to open (``HVD_MLFLOW_RUN_WAIT``,
+            default 10).
+    """
+    global _settings
+    if disable:
+        for model_class, original in _originals.items():
+            model_class.fit = original
+        _originals.clear()
+        _settings = None
+        return
+    _settings = {
+        "silent": silent,
+        "extra_tags": extra_tags,
+        "flush_timeout": flush_timeout,
+        "run_wait": run_wait,
+        "run_id": destination.run_id_from_environment(),
+    }
+    for flavour in keras_flavour.importable():
+        model_class = keras_flavour.model_class(flavour)
+        if model_class not in _originals:
+            _originals[model_class] = model_class.fit
+            model_class.fit = _patched_fit(model_class.fit)
+
+
+def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def fit(self, *args: Any, **kwargs: Any) -> Any:
+        if _settings is None:
+            return original(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+            callbacks = list(bound.arguments.get("callbacks") or [])
+            if any(isinstance(cb, HorovodMlflowCallback) for cb in callbacks):
+                return original(self, *args, **kwargs)
+            settings = dict(_settings)
+            captured_run_id = settings.pop("run_id")
+            callback = HorovodMlflowCallback(model=self, **settings)
+            if captured_run_id and not callback._captured_run_id:
+                callback._captured_run_id = captured_run_id
+            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
+            bound.arguments["callbacks"] = [callback, *callbacks]
+        except Exception as error:  # noqa: BLE001 - never break the user's fit
+            logger.warning("hvd-mlflow: fit runs without hvd-mlflow logging: %s", error)
+            return original(self, *args, **kwargs)
+        try:
+            return original(*bound.args, **bound.kwargs)
+        except BaseException:
+            callback._finish("FAILED")
+            raise
+        finally:
+            callback._finish("FINISHED")
+
+    fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
+    return fit
+
+
+def _batch_size(arguments: Mapping[str, Any]) -> int | None:
+    """The per-rank batch size ``fit`` will use: given, or Keras' default of 32 for array inputs."""
+    if arguments.get("batch_size") is not None:
+        return int(arguments["batch_size"])
+    x = arguments.get("x")
+    if x is not None and hasattr(x, "shape") and not hasattr(x, "element_spec"):
+        return 32
+    return None

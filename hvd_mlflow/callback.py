@@ -1,0 +1,181 @@
+"""The Keras callback: global epoch metrics on every rank, logged to MLflow by rank 0 alone."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import collectives, destination, keras_flavour, run_params, topology
+from ._log import logger, set_silent
+from .aggregate import MeanReducer, numeric_entries, write_back
+from .batching import EpochRecord
+from .config import Options
+from .redact import redact
+from .sender import Sender
+
+_concrete_classes: dict[str, type] = {}
+
+
+class HorovodMlflowCallback:
+    """Average Keras' epoch metrics over all Horovod ranks and log them to MLflow from rank 0.
+
+    Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
+    logs by its mean over all ranks (one collective for all of them), so the callbacks after it
+    (EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, CSVLogger, History) see the same global values on
+    every rank. Rank 0 alone sends them to MLflow, one point per metric per epoch at ``step=epoch``, from a
+    background thread: the training never waits on the tracking server. :func:`hvd_mlflow.autolog` adds
+    this callback to every ``fit`` for you.
+
+    The run is the one in ``MLFLOW_RUN_ID`` when the callback is created (as in every AzureML job), else
+    rank 0's active run, else a new run that rank 0 creates and ends when ``fit`` ends.
+
+    Example::
+
+        import horovod.tensorflow as hvd
+        import hvd_mlflow
+
+        hvd.init()
+        model.fit(x, y, epochs=10, callbacks=[hvd_mlflow.HorovodMlflowCallback(model=model), ...])
+
+    Args:
+        model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or
+            ``tf_keras``); without it the flavour is the one ``tf.keras`` resolves to.
+        flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
+        flush_timeout, run_wait, extra_tags, silent: see :class:`hvd_mlflow.config.Options`; each
+            defaults to its ``HVD_MLFLOW_*`` environment variable.
+    """
+
+    _flavour: str | None = None  # set on the concrete per-flavour subclasses
+
+    def __new__(cls, *args: Any, model: Any = None, flavour: str | None = None, **kwargs: Any):
+        if cls._flavour is None:
+            chosen = flavour or (
+                keras_flavour.of_model(model) if model is not None else keras_flavour.of_tf_keras()
+            )
+            cls = _concrete_class(chosen)
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        *,
+        model: Any = None,
+        flavour: str | None = None,
+        flush_timeout: float | None = None,
+        run_wait: float | None = None,
+        extra_tags: Mapping[str, str] | None = None,
+        silent: bool | None = None,
+    ) -> None:
+        super().__init__()
+        self.options = Options.resolve(
+            flush_timeout=flush_timeout, run_wait=run_wait, extra_tags=extra_tags, silent=silent
+        )
+        set_silent(self.options.silent)
+        self.run_id: str | None = None
+        self._captured_run_id = destination.run_id_from_environment()
+        self._batch_size: int | None = None
+        self._sender: Sender | None = None
+        self._reducer: MeanReducer | None = None
+        self._comm: collectives.Collectives = collectives.Solo()
+        self._params_logged = False
+        self._finished = True
+
+    # -- Keras hooks -----------------------------------------------------------------------------------
+    def set_model(self, model: Any) -> None:
+        actual = keras_flavour.of_model(model)
+        if actual != self._flavour:
+            raise TypeError(
+                f"this HorovodMlflowCallback was built for {self._flavour} but the model is a {actual} "
+                f"model; create it with HorovodMlflowCallback(model=model)"
+            )
+        super().set_model(model)
+
+    def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._finished = False
+        self._params_logged = False
+        self._comm = collectives.current()
+        self._reducer = MeanReducer(self._comm)
+        run_id = None
+        if self._comm.rank == 0 and topology.current().is_chief:
+            run_id = self._start_sender()
+        if self._comm.size > 1:
+            run_id = self._comm.broadcast_object(run_id, name="hvd_mlflow.run_id")
+        self.run_id = run_id
+
+    def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        if self._sender is not None and not self._params_logged:
+            self._params_logged = True
+            self._sender.put_params(
+                run_params.training_params(
+                    self.params or {},
+                    self.model,
+                    world_size=self._comm.size,
+                    batch_size=self._batch_size,
+                    initial_epoch=epoch,
+                    flavour=self._flavour or "keras",
+                )
+            )
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is None:
+            return
+        assert self._reducer is not None, "on_train_begin was not called"
+        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch")
+        write_back(logs, global_values)
+        if self._sender is not None:
+            self._sender.put_metrics(EpochRecord(epoch, int(time.time() * 1000), global_values))
+
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._finish("FINISHED")
+
+    # -- used by autolog -------------------------------------------------------------------------------
+    def _set_fit_arguments(self, batch_size: int | None) -> None:
+        self._batch_size = batch_size
+
+    def _finish(self, status: str) -> None:
+        """Flush (bounded) and end the run if hvd-mlflow created it; safe to call twice."""
+        if self._finished:
+            return
+        self._finished = True
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.close(status, timeout=self.options.flush_timeout)
+
+    # -- rank 0 --------------------------------------------------------------------------------------
+    def _start_sender(self) -> str | None:
+        try:
+            dest = destination.resolve(self._captured_run_id)
+            tags = run_params.run_tags(
+                world_size=self._comm.size,
+                reduction=MeanReducer.name,
+                flavour=self._flavour or "keras",
+                extra=self.options.extra_tags,
+            )
+            self._sender = Sender(dest, tags=tags)
+            self._sender.put_tags(tags)
+            self._sender.start()
+            run_id = self._sender.wait_for_run(self.options.run_wait)
+            if run_id is None:
+                logger.warning(
+                    "hvd-mlflow: the MLflow run at %s is not open after %.0f s; training goes on and "
+                    "metrics are sent when it answers",
+                    dest.display_uri,
+                    self.options.run_wait,
+                )
+            return run_id
+        except Exception as error:  # noqa: BLE001 - a logging problem must not stop the training
+            logger.warning("hvd-mlflow: MLflow logging is off for this fit: %s", redact(str(error)))
+            self._sender = None
+            return None
+
+
+def _concrete_class(flavour: str) -> type:
+    """``HorovodMlflowCallback`` on top of ``flavour``'s ``Callback`` base class (made once per flavour)."""
+    if flavour not in _concrete_classes:
+        base = keras_flavour.callback_base(flavour)
+        _concrete_classes[flavour] = type(
+            "HorovodMlflowCallback",
+            (HorovodMlflowCallback, base),
+            {"_flavour": flavour, "__module__": __name__, "__doc__": HorovodMlflowCallback.__doc__},
+        )
+    return _concrete_classes[flavour]

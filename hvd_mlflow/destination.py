@@ -1,0 +1,86 @@
+"""Where rank 0 logs: the tracking URI, the run to log into, and whether this is an AzureML job.
+
+:func:`resolve` runs in the training thread and makes no request; :func:`open_run` makes the requests
+(creating a run when there is none to attach to) and runs in the sender's background thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from .redact import mask_uri
+
+DEFAULT_EXPERIMENT_ID = "0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Destination:
+    tracking_uri: str
+    run_id: str | None
+    experiment_id: str | None
+    experiment_name: str | None
+    job_mode: bool
+
+    @property
+    def display_uri(self) -> str:
+        return mask_uri(self.tracking_uri)
+
+
+def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+    """The run the job asks for. Read it early: MLflow's ``start_run()`` deletes ``MLFLOW_RUN_ID``."""
+    environ = os.environ if environ is None else environ
+    return environ.get("MLFLOW_RUN_ID") or None
+
+
+def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) -> bool:
+    environ = os.environ if environ is None else environ
+    return urlsplit(tracking_uri).scheme == "azureml" and bool(environ.get("AZUREML_RUN_ID"))
+
+
+def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:
+    """The destination as the user configured it, without contacting any server."""
+    import mlflow
+    from mlflow.tracking import fluent
+
+    environ = os.environ if environ is None else environ
+    tracking_uri = mlflow.get_tracking_uri()
+    job_mode = is_azureml_job(tracking_uri, environ)
+    run_id = captured_run_id or run_id_from_environment(environ)
+    if run_id is None:
+        active = mlflow.active_run()
+        run_id = active.info.run_id if active is not None else None
+    if run_id is None and job_mode:
+        run_id = environ.get("AZUREML_RUN_ID")
+    experiment_id = getattr(fluent, "_active_experiment_id", None) or environ.get("MLFLOW_EXPERIMENT_ID")
+    return Destination(
+        tracking_uri=tracking_uri,
+        run_id=run_id,
+        experiment_id=experiment_id or None,
+        experiment_name=environ.get("MLFLOW_EXPERIMENT_NAME") or None,
+        job_mode=job_mode,
+    )
+
+
+def open_run(client, destination: Destination, tags: Mapping[str, str]) -> tuple[str, bool]:
+    """The run id to log into and whether hvd-mlflow created it (and so must end it)."""
+    if destination.run_id is not None:
+        return destination.run_id, False
+    if destination.job_mode:
+        raise RuntimeError("in an AzureML job the run is the job's own; hvd-mlflow never creates one")
+    from mlflow.tracking.context import registry as context_registry
+
+    experiment_id = destination.experiment_id
+    if experiment_id is None and destination.experiment_name:
+        experiment = client.get_experiment_by_name(destination.experiment_name)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else client.create_experiment(destination.experiment_name)
+        )
+    run = client.create_run(
+        experiment_id or DEFAULT_EXPERIMENT_ID, tags=context_registry.resolve_tags(dict(tags))
+    )
+    return run.info.run_id, True

@@ -1,0 +1,72 @@
+"""Which Keras a model belongs to, and that Keras' ``Callback`` and ``Model`` classes.
+
+Three flavours exist in the supported environments:
+
+* ``keras``: the ``keras`` package, Keras 3 with TensorFlow >= 2.16, or Keras 2 bundled with TF 2.15
+  (then ``tf.keras`` is the same package);
+* ``tf_keras``: the legacy Keras 2 package that ``TF_USE_LEGACY_KERAS=1`` makes ``tf.keras`` with TF >= 2.16.
+
+A callback of one flavour crashes or misbehaves in the other's ``fit``, so the base class of hvd-mlflow's
+callback is always chosen from the model being fitted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+from types import ModuleType
+
+FLAVOURS = ("keras", "tf_keras")
+
+
+def _module(flavour: str) -> ModuleType:
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown Keras flavour {flavour!r}; expected one of {FLAVOURS}")
+    return importlib.import_module(flavour)
+
+
+def of_model(model: object) -> str:
+    """The flavour whose ``Model`` class ``model`` is an instance of (user subclasses included)."""
+    for klass in type(model).__mro__:
+        root = klass.__module__.split(".", 1)[0]
+        if root in FLAVOURS and klass.__name__ in ("Model", "Functional", "Sequential"):
+            return root
+    raise TypeError(
+        f"{type(model).__name__} is not a Keras model (neither keras.Model nor tf_keras.Model); "
+        "hvd-mlflow logs Keras fit() only"
+    )
+
+
+def of_tf_keras() -> str:
+    """The flavour that ``tf.keras`` resolves to here, without importing TensorFlow."""
+    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true")
+    if legacy and importlib.util.find_spec("tf_keras") is not None:
+        return "tf_keras"
+    return "keras"
+
+
+def callback_base(flavour: str) -> type:
+    return _module(flavour).callbacks.Callback
+
+
+def model_class(flavour: str) -> type:
+    return _module(flavour).Model
+
+
+def version(flavour: str) -> str:
+    return str(getattr(_module(flavour), "__version__", "unknown"))
+
+
+def importable() -> list[str]:
+    """The flavours that can be imported in this environment."""
+    found = []
+    for flavour in FLAVOURS:
+        if importlib.util.find_spec(flavour) is None:
+            continue
+        try:
+            _module(flavour)
+        except Exception:  # noqa: BLE001 - a broken install is simply not a usable flavour
+            continue
+        found.append(flavour)
+    return found

@@ -1,0 +1,77 @@
+"""The params and tags that describe a distributed training, computed on rank 0 at its start."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from . import keras_flavour
+from ._version import __version__
+from .aggregate import scalar
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions(flavour: str) -> dict[str, str]:
+    tf = sys.modules.get("tensorflow")
+    found = {
+        "tensorflow_version": getattr(tf, "__version__", None) or _distribution_version("tensorflow-cpu")
+        or _distribution_version("tensorflow"),
+        "keras_version": keras_flavour.version(flavour),
+        "horovod_version": _distribution_version("horovod"),
+        "mlflow_version": _distribution_version("mlflow-skinny") or _distribution_version("mlflow"),
+        "hvd_mlflow_version": __version__,
+    }
+    return {k: v for k, v in found.items() if v}
+
+
+def optimizer_params(model: Any) -> dict[str, str]:
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return {}
+    out = {"optimizer_name": type(optimizer).__name__}
+    rate = getattr(optimizer, "learning_rate", None)
+    if rate is not None:
+        value = scalar(rate)
+        out["learning_rate"] = f"{value:.6g}" if value is not None else type(rate).__name__
+    return out
+
+
+def training_params(
+    keras_params: Mapping[str, Any],
+    model: Any,
+    *,
+    world_size: int,
+    batch_size: int | None,
+    initial_epoch: int,
+    flavour: str,
+) -> dict[str, str]:
+    """Params of a run: the training's shape over all ranks, the optimizer and the software versions."""
+    params: dict[str, Any] = {
+        "epochs": keras_params.get("epochs"),
+        "steps_per_epoch": keras_params.get("steps"),
+        "initial_epoch": initial_epoch,
+        "world_size": world_size,
+        "batch_size": batch_size,
+        "global_batch_size": batch_size * world_size if batch_size else None,
+    }
+    params.update(optimizer_params(model))
+    params.update(versions(flavour))
+    return {k: str(v) for k, v in params.items() if v is not None}
+
+
+def run_tags(*, world_size: int, reduction: str, flavour: str, extra: Mapping[str, str]) -> dict[str, str]:
+    tags = {
+        "hvd_mlflow.world_size": str(world_size),
+        "hvd_mlflow.reduction": reduction,
+        "hvd_mlflow.keras_flavour": flavour,
+    }
+    tags.update({str(k): str(v) for k, v in extra.items()})
+    return tags

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Create (or bring up to date) a virtual environment for one row of the support matrix.
+#
+#   scripts/setup-env.sh [tf2.16|tf2.15]      # default tf2.16; prints the venv's path on the last line
+#
+# Everything is pinned by requirements/<matrix>.txt, used as a constraints file in every pip call.
+# Horovod 0.28.1 is source-only: it is compiled against the venv's TensorFlow, and the wheel is cached
+# outside the clone, keyed by Python and TensorFlow versions ($HVD_MLFLOW_CACHE, default
+# ~/.cache/hvd-mlflow). With an empty cache it is built from source (3-5 minutes on 2 cores).
+set -euo pipefail
+
+matrix=${1:-tf2.16}
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+constraints="$root/requirements/$matrix.txt"
+[ -f "$constraints" ] || { echo "unknown matrix '$matrix' (no $constraints)" >&2; exit 2; }
+case "$matrix" in tf2.16) venv="$root/.venv" ;; *) venv="$root/.venv-$matrix" ;; esac
+python=${PYTHON:-python3.11}
+log() { echo "[setup-env $matrix] $*" >&2; }
+
+pin() { sed -nE "s/^$1==([^ ]+).*/\1/p" "$constraints"; }
+
+# Re-run only when the pins, this script or the package metadata changed.
+stamp="$venv/.hvd-mlflow-setup"
+want=$(cat "$constraints" "${BASH_SOURCE[0]}" "$root/setup.cfg" | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/python" ]; then
+  log "up to date: $venv"
+  echo "$venv"; exit 0
+fi
+
+[ -x "$venv/bin/python" ] || { log "creating $venv with $python"; "$python" -m venv "$venv"; }
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
+pip install -c "$constraints" setuptools wheel
+
+tf=$(pin tensorflow-cpu)
+log "installing tensorflow-cpu==$tf"
+pip install -c "$constraints" "tensorflow-cpu==$tf"
+if grep -q '^tf-keras==' "$constraints"; then
+  pip install -c "$constraints" --no-deps "tf-keras==$(pin tf-keras)"
+fi
+
+# Horovod, compiled against this TensorFlow (cached by Python + TensorFlow version).
+hvd=$(pin horovod)
+pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf"
+if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
+  log "building horovod $hvd against tensorflow $tf (no cached wheel in $cache); this takes minutes"
+  command -v cmake >/dev/null || { log "cmake is missing: apt-get install -y cmake"; exit 1; }
+  tmp=$(mktemp -d)
+  CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+    pip wheel -c "$constraints" --no-build-isolation --no-deps --no-cache-dir "horovod==$hvd" -w "$tmp"
+  mkdir -p "$cache"
+  mv "$tmp"/horovod-*.whl "$cache"/
+  rm -rf "$tmp"
+fi
+pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
+
+log "installing hvd-mlflow (editable) with the test and azureml extras"
+pip install -c "$constraints" -e "$root[test,azureml]"
+
+"$venv/bin/python" - <<'PY' >&2
+import horovod.tensorflow as hvd, tensorflow as tf, mlflow, numpy
+print("tensorflow", tf.__version__, "| horovod", hvd.__version__ if hasattr(hvd, "__version__") else "?",
+      "| mlflow", mlflow.__version__, "| numpy", numpy.__version__)
+PY
+echo "$want" > "$stamp"
+echo "$venv"
