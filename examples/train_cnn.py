@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import logging
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-import horovod.tensorflow as hvd
 import hvd_mlflow
 
 

@@ -22,7 +22,8 @@ def _distribution_version(name: str) -> str | None:
 def versions(flavour: str) -> dict[str, str]:
     tf = sys.modules.get("tensorflow")
     found = {
-        "tensorflow_version": getattr(tf, "__version__", None) or _distribution_version("tensorflow-cpu")
+        "tensorflow_version": getattr(tf, "__version__", None)
+        or _distribution_version("tensorflow-cpu")
         or _distribution_version("tensorflow"),
         "keras_version": keras_flavour.version(flavour),
         "horovod_version": _distribution_version("horovod"),

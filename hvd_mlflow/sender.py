@@ -119,8 +119,9 @@ class Sender:
                         client, self.destination, self._run_tags
                     )
                     self._run_opened.set()
-                    logger.info("hvd-mlflow: logging to run %s at %s", self._run_id,
-                                self.destination.display_uri)
+                    logger.info(
+                        "hvd-mlflow: logging to run %s at %s", self._run_id, self.destination.display_uri
+                    )
                 self._deliver(client)
                 self._failures = 0
             except Exception as error:  # noqa: BLE001 - the training must never see a tracking error
@@ -168,6 +169,7 @@ class Sender:
     def _end_run(self, client) -> None:
         if self._created_run and self._final_status and not self.destination.job_mode:
             try:
-                client.set_terminated(self._run_id, status=self._final_status, end_time=int(time.time() * 1000))
+                end_ms = int(time.time() * 1000)
+                client.set_terminated(self._run_id, status=self._final_status, end_time=end_ms)
             except Exception as error:  # noqa: BLE001
                 logger.warning("hvd-mlflow: could not end run %s: %s", self._run_id, redact(str(error)))

@@ -1,0 +1,150 @@
+"""Two real Horovod ranks, a real MLflow server: one point per metric per epoch, equal to the global value.
+
+The truth is computed here from what Keras itself reported on each rank (see tests/workers/fit_worker.py),
+never from hvd-mlflow's code.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+
+from tests.support import launch
+from tests.support.proxy import Proxy
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+
+EPOCHS = 4
+
+
+def expected_global(ranks: list[dict]) -> dict[str, list[float]]:
+    """Per key, per epoch: the mean over ranks of each rank's own Keras value."""
+    keys = ranks[0]["local"][0].keys()
+    return {
+        key: [float(np.mean([r["local"][epoch][key] for r in ranks])) for epoch in range(EPOCHS)]
+        for key in keys
+    }
+
+
+def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> int:
+    """Every metric: exactly EPOCHS points, steps 0..EPOCHS-1, each the mean of the ranks' local values."""
+    expected = expected_global(ranks)
+    assert set(expected) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
+    run = client.get_run(run_id)
+    assert set(run.data.metrics) == set(expected)
+    checked = 0
+    for key, values in expected.items():
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == list(range(EPOCHS)), key
+        for point, want in zip(history, values):
+            assert point.value == pytest.approx(want, rel=1e-12, abs=1e-12), (key, point.step)
+            checked += 1
+    # The ranks really disagreed, so an average was needed (otherwise this test proves nothing).
+    assert any(ranks[0]["local"][e]["loss"] != ranks[1]["local"][e]["loss"] for e in range(EPOCHS))
+    # Every later callback on every rank saw the global values (History is the last callback).
+    for r in ranks:
+        for key, values in expected.items():
+            assert r["history"][key] == pytest.approx(values, rel=1e-6), (key, r["history"][key], values)
+    return checked
+
+
+def assert_each_point_sent_once(proxy: Proxy, keys) -> None:
+    """What reached the server: every (metric, epoch) exactly once, in at most one request per epoch.
+
+    A second writer (rank 1 logging too) would double the points. Fewer requests than epochs is fine: when
+    rank 0's sender falls behind (fast epochs), it packs several epochs into one request.
+    """
+    requests = proxy.metric_requests()
+    sent = sorted((m["key"], int(m["step"])) for r in requests for m in r.metrics)
+    assert sent == sorted((k, e) for k in keys for e in range(EPOCHS))
+    assert 1 <= len(requests) <= EPOCHS
+
+
+def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
+    params = client.get_run(run_id).data.params
+    assert params["epochs"] == str(EPOCHS)
+    assert params["world_size"] == "2"
+    if batch_size_known:  # autolog sees fit's arguments; a callback alone cannot know the batch size
+        assert params["batch_size"] == "16"
+        assert params["global_batch_size"] == "32"
+    else:
+        assert "batch_size" not in params
+    assert params["steps_per_epoch"] == "6"  # 96 samples / 16
+    assert params["initial_epoch"] == "0"
+    assert params["optimizer_name"] == "SGD"
+    assert float(params["learning_rate"]) == pytest.approx(0.05)
+    for name in ("tensorflow_version", "keras_version", "horovod_version", "mlflow_version", "hvd_mlflow_version"):
+        assert params[name], name
+    tags = client.get_run(run_id).data.tags
+    assert tags["hvd_mlflow.world_size"] == "2"
+    assert tags["hvd_mlflow.reduction"] == "mean"
+
+
+@pytest.mark.parametrize("how", ["autolog", "explicit-callback"])
+def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how):
+    """As in an AzureML job: every rank inherits MLFLOW_RUN_ID; only rank 0 writes, only global values."""
+    experiment = client.create_experiment(f"precreated-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment).info.run_id
+    args = ["--epochs", str(EPOCHS)] + (["--explicit-callback"] if how == "explicit-callback" else [])
+    with Proxy(mlflow_server.url) as proxy:
+        done = launch.run(tmp_path, args, env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id})
+    done.check()
+    ranks = [done.rank(0), done.rank(1)]
+    assert_run_holds_global_values(client, run_id, ranks)
+    assert_params(client, run_id, batch_size_known=how == "autolog")
+    assert [r["run_id"] for r in ranks] == [run_id, run_id]
+    assert_each_point_sent_once(proxy, ranks[0]["local"][0])
+    # a run hvd-mlflow did not create is not ended by it
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert not [r for r in proxy.requests if r.path.endswith(("/runs/create", "/runs/update"))]
+
+
+def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client):
+    name = f"fresh-{uuid.uuid4().hex[:8]}"
+    with Proxy(mlflow_server.url) as proxy:
+        done = launch.run(
+            tmp_path,
+            ["--epochs", str(EPOCHS)],
+            env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_NAME": name},
+        )
+    done.check()
+    experiment = client.get_experiment_by_name(name)
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    ranks = [done.rank(0), done.rank(1)]
+    assert [r["run_id"] for r in ranks] == [run.info.run_id] * 2
+    assert_run_holds_global_values(client, run.info.run_id, ranks)
+    assert_params(client, run.info.run_id)
+    assert len([r for r in proxy.requests if r.path.endswith("/runs/create")]) == 1
+    assert_each_point_sent_once(proxy, ranks[0]["local"][0])
+
+
+def test_ranks_with_different_metric_keys_fail_fast_with_a_clear_error(tmp_path, mlflow_server):
+    done = launch.run(
+        tmp_path, ["--epochs", "2", "--mismatch"], env={"MLFLOW_TRACKING_URI": mlflow_server.url}, timeout=120
+    )
+    assert done.returncode != 0
+    assert done.seconds < 60, f"took {done.seconds:.0f} s"
+    assert "MetricKeyMismatchError" in done.output
+    # both ranks raise, and the message names what rank 0 lacks
+    assert done.output.count("rank 0 lacks: mae") >= 2, done.output[-4000:]
+
+
+def test_one_process_without_horovodrun(tmp_path, mlflow_server, client):
+    experiment = client.create_experiment(f"solo-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment).info.run_id
+    done = launch.run(
+        tmp_path,
+        ["--epochs", str(EPOCHS)],
+        env={"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id},
+        horovodrun=False,
+    ).check()
+    local = done.rank(0)["local"]
+    for key in local[0]:
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == [(e, pytest.approx(local[e][key])) for e in range(EPOCHS)]
+    assert client.get_run(run_id).data.params["world_size"] == "1"

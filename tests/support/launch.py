@@ -1,0 +1,68 @@
+"""Run the test worker under ``horovodrun --gloo`` on localhost (real ranks), or as one plain process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKER = Path(__file__).resolve().parent.parent / "workers" / "fit_worker.py"
+BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Launch:
+    returncode: int
+    output: str
+    seconds: float
+    out_dir: Path
+
+    def rank(self, r: int) -> dict:
+        return json.loads((self.out_dir / f"rank{r}.json").read_text())
+
+    def check(self) -> Launch:
+        assert self.returncode == 0, f"workers failed (exit {self.returncode}):\n{self.output[-8000:]}"
+        return self
+
+
+def _env(extra: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_", "AZUREML_"))}
+    env.update(
+        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="30",
+        HOROVOD_GLOO_TIMEOUT_SECONDS="60",
+        TF_CPP_MIN_LOG_LEVEL="2",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra or {})
+    return env
+
+
+def run(
+    out_dir: Path,
+    args: list[str] | None = None,
+    *,
+    np: int = 2,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    horovodrun: bool = True,
+) -> Launch:
+    """Run the worker with ``np`` ranks (``horovodrun=False``: one process, no launcher)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, str(WORKER), "--out", str(out_dir), *(args or [])]
+    if horovodrun:
+        command = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            command, env=_env(env), cwd=out_dir, capture_output=True, text=True, timeout=timeout
+        )
+        returncode, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        returncode = -9
+        output = f"TIMEOUT after {timeout} s\n{expired.stdout or ''}{expired.stderr or ''}"
+    (out_dir / "output.log").write_text(output)
+    return Launch(returncode, output, time.monotonic() - start, out_dir)
