@@ -21,13 +21,13 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from .aggregate import MetricKeyMismatchError
-    from .autolog import autolog
+    from .autologging import autolog
     from .callback import HorovodMlflowCallback
 
 __all__ = ["autolog", "HorovodMlflowCallback", "MetricKeyMismatchError", "__version__"]
 
 _LAZY = {
-    "autolog": ("autolog", "autolog"),
+    "autolog": ("autologging", "autolog"),
     "HorovodMlflowCallback": ("callback", "HorovodMlflowCallback"),
     "MetricKeyMismatchError": ("aggregate", "MetricKeyMismatchError"),
 }
@@ -38,5 +38,7 @@ def __getattr__(name: str) -> Any:
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

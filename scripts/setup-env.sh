@@ -44,7 +44,14 @@ pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])
 cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf"
 if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
   log "building horovod $hvd against tensorflow $tf (no cached wheel in $cache); this takes minutes"
-  command -v cmake >/dev/null || { log "cmake is missing: apt-get install -y cmake"; exit 1; }
+  if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      log "installing cmake and g++ (Debian packages) to compile horovod"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ >/dev/null
+    else
+      log "horovod needs cmake (the system's 3.x, not the PyPI 4.x wheel) and g++: install them"; exit 1
+    fi
+  fi
   tmp=$(mktemp -d)
   CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \

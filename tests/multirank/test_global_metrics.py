@@ -38,7 +38,7 @@ def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> in
     for key, values in expected.items():
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == list(range(EPOCHS)), key
-        for point, want in zip(history, values):
+        for point, want in zip(history, values, strict=True):
             assert point.value == pytest.approx(want, rel=1e-12, abs=1e-12), (key, point.step)
             checked += 1
     # The ranks really disagreed, so an average was needed (otherwise this test proves nothing).
@@ -75,7 +75,13 @@ def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
     assert params["initial_epoch"] == "0"
     assert params["optimizer_name"] == "SGD"
     assert float(params["learning_rate"]) == pytest.approx(0.05)
-    for name in ("tensorflow_version", "keras_version", "horovod_version", "mlflow_version", "hvd_mlflow_version"):
+    for name in (
+        "tensorflow_version",
+        "keras_version",
+        "horovod_version",
+        "mlflow_version",
+        "hvd_mlflow_version",
+    ):
         assert params[name], name
     tags = client.get_run(run_id).data.tags
     assert tags["hvd_mlflow.world_size"] == "2"
@@ -146,5 +152,7 @@ def test_one_process_without_horovodrun(tmp_path, mlflow_server, client):
     local = done.rank(0)["local"]
     for key in local[0]:
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
-        assert [(m.step, m.value) for m in history] == [(e, pytest.approx(local[e][key])) for e in range(EPOCHS)]
+        assert [(m.step, m.value) for m in history] == [
+            (e, pytest.approx(local[e][key])) for e in range(EPOCHS)
+        ]
     assert client.get_run(run_id).data.params["world_size"] == "1"

@@ -55,7 +55,9 @@ class Proxy:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 answer = proxy.fault(self.command, self.path, body) if proxy.fault else None
                 if answer is None:
-                    status, headers, payload = proxy._forward(self.command, self.path, dict(self.headers), body)
+                    status, headers, payload = proxy._forward(
+                        self.command, self.path, dict(self.headers), body
+                    )
                 else:
                     status, headers, payload = answer
                 with proxy._lock:

@@ -15,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-import horovod.tensorflow as hvd
 import hvd_mlflow
 
 keras = tf.keras

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up both pinned environments (from nothing if needed) and run every test:
+#   ruff, then pytest three times: TF 2.16 + Keras 3, TF 2.16 + tf_keras (TF_USE_LEGACY_KERAS=1, the AzureML
+#   default), TF 2.15 + Keras 2. Extra arguments go to pytest (e.g. -k multirank, -x).
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+start=$(date +%s)
+
+venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
+venv215=$(scripts/setup-env.sh tf2.15 | tail -n 1) || exit 1
+echo "== setup done in $(( $(date +%s) - start )) s"
+
+"$venv/bin/ruff" check hvd_mlflow tests examples || exit 1
+"$venv/bin/ruff" format --check hvd_mlflow tests examples || exit 1
+
+export TF_CPP_MIN_LOG_LEVEL=2
+reports=$(mktemp -d)
+status=0
+run_suite() {  # label python [env...]
+  local label=$1 python=$2; shift 2
+  echo "== pytest: $label"
+  local t0; t0=$(date +%s)
+  env "$@" "$python" -m pytest -q -p no:cacheprovider --junitxml="$reports/$label.xml" "${pytest_args[@]}" || status=1
+  echo "== $label: $(( $(date +%s) - t0 )) s"
+}
+pytest_args=("$@")
+run_suite keras3 "$venv/bin/python" TF_USE_LEGACY_KERAS=0
+run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
+run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
+
+"$venv/bin/python" - "$reports" <<'PY'
+import sys, pathlib, xml.etree.ElementTree as ET
+passed = failed = skipped = 0
+for report in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
+    for suite in ET.parse(report).getroot().iter("testsuite"):
+        total, bad = int(suite.get("tests")), int(suite.get("failures")) + int(suite.get("errors"))
+        skip = int(suite.get("skipped"))
+        print(f"  {report.stem}: {total - bad - skip} passed, {bad} failed, {skip} skipped")
+        passed += total - bad - skip; failed += bad; skipped += skip
+print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
+PY
+echo "== all done in $(( $(date +%s) - start )) s"
+exit $status

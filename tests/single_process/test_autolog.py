@@ -1,0 +1,138 @@
+"""autolog() in one process (no Horovod): patching, callback order, run life cycle, both Keras flavours."""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+
+import mlflow
+import numpy as np
+import pytest
+
+import hvd_mlflow
+from hvd_mlflow import keras_flavour
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def tracking(mlflow_server, client, monkeypatch):
+    """Each test logs into a fresh experiment of the session server; autolog is undone afterwards."""
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
+        monkeypatch.delenv(name, raising=False)
+    name = f"autolog-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", name)
+    mlflow.set_tracking_uri(mlflow_server.url)
+    yield name
+    hvd_mlflow.autolog(disable=True)
+    mlflow.set_tracking_uri(None)
+
+
+def runs_of(client, experiment_name):
+    experiment = client.get_experiment_by_name(experiment_name)
+    return client.search_runs([experiment.experiment_id]) if experiment else []
+
+
+def small_model(flavour: str):
+    keras = importlib.import_module(flavour)
+    model = keras.Sequential([keras.Input(shape=(4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model, keras
+
+
+def data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(32, 4)).astype("float32"), rng.normal(size=(32, 1)).astype("float32")
+
+
+class Spy:
+    """Records the callback list Keras builds for fit, and what each epoch logged locally."""
+
+    def __init__(self, keras, monkeypatch):
+        self.order: list[list[str]] = []
+        original = keras.callbacks.CallbackList.on_train_begin
+
+        def on_train_begin(cb_list, logs=None):
+            self.order.append([type(cb).__name__ for cb in cb_list.callbacks])
+            return original(cb_list, logs)
+
+        monkeypatch.setattr(keras.callbacks.CallbackList, "on_train_begin", on_train_begin)
+
+
+@pytest.mark.parametrize("flavour", keras_flavour.importable())
+def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, monkeypatch, flavour):
+    model, keras = small_model(flavour)
+    spy = Spy(keras, monkeypatch)
+    hvd_mlflow.autolog()
+    hvd_mlflow.autolog()  # twice: still one callback
+    early = keras.callbacks.EarlyStopping(monitor="loss", patience=100)
+    history = model.fit(*data(), epochs=3, batch_size=8, callbacks=[early], verbose=0)
+    assert spy.order[0][:2] == ["HorovodMlflowCallback", "EarlyStopping"]
+    assert spy.order[0].count("HorovodMlflowCallback") == 1
+    [run] = runs_of(client, tracking)
+    assert run.info.status == "FINISHED"
+    points = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((p.step, p.value) for p in points) == [
+        (e, pytest.approx(v)) for e, v in enumerate(history.history["loss"])
+    ]
+    assert run.data.tags["hvd_mlflow.keras_flavour"] == flavour
+    assert run.data.params["world_size"] == "1"
+
+
+def test_disable_restores_fit(tracking):
+    originals = {f: keras_flavour.model_class(f).fit for f in keras_flavour.importable()}
+    hvd_mlflow.autolog()
+    assert all(keras_flavour.model_class(f).fit is not originals[f] for f in originals)
+    hvd_mlflow.autolog(disable=True)
+    assert all(keras_flavour.model_class(f).fit is originals[f] for f in originals)
+
+
+def test_a_callback_the_user_passed_is_not_doubled(tracking, client, monkeypatch):
+    flavour = keras_flavour.of_tf_keras()
+    model, keras = small_model(flavour)
+    spy = Spy(keras, monkeypatch)
+    hvd_mlflow.autolog()
+    model.fit(*data(), epochs=2, callbacks=[hvd_mlflow.HorovodMlflowCallback(model=model)], verbose=0)
+    assert spy.order[0].count("HorovodMlflowCallback") == 1
+    assert len(runs_of(client, tracking)) == 1
+
+
+def test_a_failing_fit_ends_the_run_as_failed_and_keeps_what_was_logged(tracking, client):
+    flavour = keras_flavour.of_tf_keras()
+    model, keras = small_model(flavour)
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("boom")
+
+    hvd_mlflow.autolog()
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(*data(), epochs=5, callbacks=[Boom()], verbose=0)
+    [run] = runs_of(client, tracking)
+    assert run.info.status == "FAILED"
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+
+
+def test_user_run_is_used_and_left_open(tracking, client):
+    flavour = keras_flavour.of_tf_keras()
+    model, _ = small_model(flavour)
+    hvd_mlflow.autolog()
+    with mlflow.start_run() as run:
+        model.fit(*data(), epochs=2, verbose=0)
+        assert client.get_run(run.info.run_id).info.status == "RUNNING"
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 2
+    assert len(runs_of(client, tracking)) == 1
+
+
+def test_callback_of_the_wrong_flavour_is_refused_clearly():
+    flavours = keras_flavour.importable()
+    if len(flavours) < 2:
+        pytest.skip("only one Keras flavour is installed here")
+    model, _ = small_model("tf_keras")
+    callback = hvd_mlflow.HorovodMlflowCallback(flavour="keras")
+    assert isinstance(callback, hvd_mlflow.HorovodMlflowCallback)
+    with pytest.raises(TypeError, match="built for keras but the model is a tf_keras model"):
+        callback.set_model(model)
+    right = hvd_mlflow.HorovodMlflowCallback(model=model)
+    assert isinstance(right, importlib.import_module("tf_keras").callbacks.Callback)
