@@ -25,8 +25,10 @@ def autolog(
     disable: bool = False,
     silent: bool | None = None,
     extra_tags: Mapping[str, str] | None = None,
+    extra_params: Mapping[str, object] | None = None,
     flush_timeout: float | None = None,
     run_wait: float | None = None,
+    journal_dir: str | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -49,10 +51,13 @@ def autolog(
         disable: undo a previous ``autolog()``: ``fit`` is restored.
         silent: no warnings from hvd-mlflow (``HVD_MLFLOW_SILENT``).
         extra_tags: tags added to every run (``HVD_MLFLOW_EXTRA_TAGS="k=v,k2=v2"``).
+        extra_params: params added to every run, e.g. your hyperparameters (``HVD_MLFLOW_EXTRA_PARAMS``).
         flush_timeout: seconds ``fit`` waits at its end for undelivered metrics (``HVD_MLFLOW_FLUSH_TIMEOUT``,
-            default 60).
-        run_wait: seconds rank 0 waits at train begin for the run to open (``HVD_MLFLOW_RUN_WAIT``,
-            default 10).
+            default 60); what is left stays in the journal for ``hvd-mlflow sync``.
+        run_wait: seconds rank 0 waits at train begin for a new run to open, so that every rank learns its id
+            (``HVD_MLFLOW_RUN_WAIT``, default 5); logging goes on in the background either way.
+        journal_dir: where rank 0 journals what it logs (``HVD_MLFLOW_JOURNAL_DIR``, default
+            ``.hvd_mlflow/journal`` in the working directory).
     """
     global _settings
     if disable:
@@ -64,8 +69,10 @@ def autolog(
     _settings = {
         "silent": silent,
         "extra_tags": extra_tags,
+        "extra_params": extra_params,
         "flush_timeout": flush_timeout,
         "run_wait": run_wait,
+        "journal_dir": journal_dir,
         "run_id": destination.run_id_from_environment(),
     }
     for flavour in keras_flavour.importable():

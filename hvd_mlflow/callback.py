@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
-from . import collectives, destination, keras_flavour, run_params, topology
+from . import collectives, destination, journal, keras_flavour, run_params, topology
 from ._log import logger, set_silent
 from .aggregate import MeanReducer, numeric_entries, write_back
-from .batching import EpochRecord
 from .config import Options
+from .names import NameMap
 from .redact import redact
-from .sender import Sender
+from .run_logger import RunLogger
 
 _concrete_classes: dict[str, type] = {}
 
@@ -23,9 +23,10 @@ class HorovodMlflowCallback:
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
     logs by its mean over all ranks (one collective for all of them), so the callbacks after it
     (EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, CSVLogger, History) see the same global values on
-    every rank. Rank 0 alone sends them to MLflow, one point per metric per epoch at ``step=epoch``, from a
-    background thread: the training never waits on the tracking server. :func:`hvd_mlflow.autolog` adds
-    this callback to every ``fit`` for you.
+    every rank. Rank 0 alone records them, one point per metric per epoch at ``step=epoch``, in a journal on
+    its disk, and a background thread sends them to MLflow: the training never waits on the tracking
+    server, and nothing is lost when it is down. :func:`hvd_mlflow.autolog` adds this callback to every
+    ``fit`` for you.
 
     The run is the one in ``MLFLOW_RUN_ID`` when the callback is created (as in every AzureML job), else
     rank 0's active run, else a new run that rank 0 creates and ends when ``fit`` ends.
@@ -42,8 +43,9 @@ class HorovodMlflowCallback:
         model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or
             ``tf_keras``); without it the flavour is the one ``tf.keras`` resolves to.
         flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
-        flush_timeout, run_wait, extra_tags, silent: see :class:`hvd_mlflow.config.Options`; each
-            defaults to its ``HVD_MLFLOW_*`` environment variable.
+        **options: ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
+            ``silent``: see :class:`hvd_mlflow.config.Options`; each defaults to its ``HVD_MLFLOW_*``
+            environment variable.
     """
 
     _flavour: str | None = None  # set on the concrete per-flavour subclasses
@@ -56,27 +58,17 @@ class HorovodMlflowCallback:
             cls = _concrete_class(chosen)
         return object.__new__(cls)
 
-    def __init__(
-        self,
-        *,
-        model: Any = None,
-        flavour: str | None = None,
-        flush_timeout: float | None = None,
-        run_wait: float | None = None,
-        extra_tags: Mapping[str, str] | None = None,
-        silent: bool | None = None,
-    ) -> None:
+    def __init__(self, *, model: Any = None, flavour: str | None = None, **options: Any) -> None:
         super().__init__()
-        self.options = Options.resolve(
-            flush_timeout=flush_timeout, run_wait=run_wait, extra_tags=extra_tags, silent=silent
-        )
+        self.options = Options.resolve(**options)
         set_silent(self.options.silent)
         self.run_id: str | None = None
         self._captured_run_id = destination.run_id_from_environment()
         self._batch_size: int | None = None
-        self._sender: Sender | None = None
+        self._run_logger: RunLogger | None = None
         self._reducer: MeanReducer | None = None
         self._comm: collectives.Collectives = collectives.Solo()
+        self._metric_names = NameMap(what="metric")
         self._params_logged = False
         self._finished = True
 
@@ -95,26 +87,26 @@ class HorovodMlflowCallback:
         self._params_logged = False
         self._comm = collectives.current()
         self._reducer = MeanReducer(self._comm)
+        self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
         run_id = None
         if self._comm.rank == 0 and topology.current().is_chief:
-            run_id = self._start_sender()
+            run_id = self._start_logging()
         if self._comm.size > 1:
             run_id = self._comm.broadcast_object(run_id, name="hvd_mlflow.run_id")
         self.run_id = run_id
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
-        if self._sender is not None and not self._params_logged:
+        if self._run_logger is not None and not self._params_logged:
             self._params_logged = True
-            self._sender.put_params(
-                run_params.training_params(
-                    self.params or {},
-                    self.model,
-                    world_size=self._comm.size,
-                    batch_size=self._batch_size,
-                    initial_epoch=epoch,
-                    flavour=self._flavour or "keras",
-                )
+            params = run_params.training_params(
+                self.params or {},
+                self.model,
+                world_size=self._comm.size,
+                batch_size=self._batch_size,
+                initial_epoch=epoch,
+                flavour=self._flavour or "keras",
             )
+            self._run_logger.log_params({**params, **self.options.extra_params})
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
@@ -122,8 +114,9 @@ class HorovodMlflowCallback:
         assert self._reducer is not None, "on_train_begin was not called"
         global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch")
         write_back(logs, global_values)
-        if self._sender is not None:
-            self._sender.put_metrics(EpochRecord(epoch, int(time.time() * 1000), global_values))
+        names = self._metric_names(global_values)  # the same on every rank: a collision fails them all
+        if self._run_logger is not None:
+            self._run_logger.log_metrics(epoch, {names[k]: v for k, v in global_values.items()})
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._finish("FINISHED")
@@ -137,12 +130,12 @@ class HorovodMlflowCallback:
         if self._finished:
             return
         self._finished = True
-        sender, self._sender = self._sender, None
-        if sender is not None:
-            sender.close(status, timeout=self.options.flush_timeout)
+        run_logger, self._run_logger = self._run_logger, None
+        if run_logger is not None:
+            run_logger.close(status, timeout=self.options.flush_timeout)
 
     # -- rank 0 --------------------------------------------------------------------------------------
-    def _start_sender(self) -> str | None:
+    def _start_logging(self) -> str | None:
         try:
             dest = destination.resolve(self._captured_run_id)
             tags = run_params.run_tags(
@@ -151,21 +144,24 @@ class HorovodMlflowCallback:
                 flavour=self._flavour or "keras",
                 extra=self.options.extra_tags,
             )
-            self._sender = Sender(dest, tags=tags)
-            self._sender.put_tags(tags)
-            self._sender.start()
-            run_id = self._sender.wait_for_run(self.options.run_wait)
+            directory = (
+                Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
+            )
+            self._run_logger = RunLogger(dest, directory, run_tags=tags)
+            if dest.run_id is not None:
+                return dest.run_id
+            run_id = self._run_logger.wait_for_run(self.options.run_wait)
             if run_id is None:
-                logger.warning(
-                    "hvd-mlflow: the MLflow run at %s is not open after %.0f s; training goes on and "
-                    "metrics are sent when it answers",
+                logger.info(
+                    "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
+                    "sent when it answers (other ranks do not learn the run id)",
                     dest.display_uri,
                     self.options.run_wait,
                 )
             return run_id
         except Exception as error:  # noqa: BLE001 - a logging problem must not stop the training
             logger.warning("hvd-mlflow: MLflow logging is off for this fit: %s", redact(str(error)))
-            self._sender = None
+            self._run_logger = None
             return None
 
 

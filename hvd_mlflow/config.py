@@ -22,12 +22,17 @@ class Options:
         run_wait: seconds rank 0 waits at train begin for the run to be opened (so that its id can be
             broadcast to every rank); logging goes on in the background either way.
         extra_tags: tags added to the run.
+        extra_params: params added to the run (your hyperparameters, for example).
+        journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
+            directory); ``hvd-mlflow sync`` looks there by default.
         silent: no warnings from hvd-mlflow (errors are still raised).
     """
 
     flush_timeout: float = 60.0
-    run_wait: float = 10.0
+    run_wait: float = 5.0
     extra_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    extra_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    journal_dir: str = ""
     silent: bool = False
 
     @classmethod

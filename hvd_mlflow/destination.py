@@ -1,7 +1,7 @@
 """Where rank 0 logs: the tracking URI, the run to log into, and whether this is an AzureML job.
 
-:func:`resolve` runs in the training thread and makes no request; :func:`open_run` makes the requests
-(creating a run when there is none to attach to) and runs in the sender's background thread.
+:func:`resolve` runs in the training thread and makes no request; opening the run (creating one when there
+is none to attach to) is the sender's job, in its background thread (:mod:`hvd_mlflow.delivery`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from .redact import mask_uri
-
-DEFAULT_EXPERIMENT_ID = "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,25 +60,3 @@ def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = Non
         experiment_name=environ.get("MLFLOW_EXPERIMENT_NAME") or None,
         job_mode=job_mode,
     )
-
-
-def open_run(client, destination: Destination, tags: Mapping[str, str]) -> tuple[str, bool]:
-    """The run id to log into and whether hvd-mlflow created it (and so must end it)."""
-    if destination.run_id is not None:
-        return destination.run_id, False
-    if destination.job_mode:
-        raise RuntimeError("in an AzureML job the run is the job's own; hvd-mlflow never creates one")
-    from mlflow.tracking.context import registry as context_registry
-
-    experiment_id = destination.experiment_id
-    if experiment_id is None and destination.experiment_name:
-        experiment = client.get_experiment_by_name(destination.experiment_name)
-        experiment_id = (
-            experiment.experiment_id
-            if experiment is not None
-            else client.create_experiment(destination.experiment_name)
-        )
-    run = client.create_run(
-        experiment_id or DEFAULT_EXPERIMENT_ID, tags=context_registry.resolve_tags(dict(tags))
-    )
-    return run.info.run_id, True

@@ -1,175 +1,169 @@
-"""Rank 0's background delivery to the MLflow tracking server.
+"""Rank 0's background delivery: the training thread journals, a daemon thread uploads.
 
-The training thread only calls :meth:`Sender.put_metrics` / :meth:`Sender.put_params`, which append to
-memory and return at once. A daemon thread opens the run (creating it if needed), then sends everything
-queued with ``log_batch`` requests within the server's limits, packing several epochs into one request when
-it has fallen behind. HTTP retries (408/429/5xx, connection errors, ``Retry-After``) are MLflow's own
-(``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and friends); when a request still fails, the sender warns, waits and
-tries again, so nothing is dropped while the process lives. :meth:`Sender.close` waits a bounded time.
+The training thread only commits entries to the journal and wakes the sender (:meth:`Sender.notify`); it
+never waits on the network. The sender thread uploads with :class:`~hvd_mlflow.delivery.Uploader`. After a
+failed upload it backs off (1, 2, 4 ... up to 60 s); after three failures in a row the circuit opens: a
+warning says so, and the server is only probed every ``max_backoff`` seconds while the journal keeps
+everything. The first upload that works closes the circuit and drains the backlog in large requests.
+At the end of ``fit``, :meth:`Sender.close` waits a bounded time; what is left stays in the journal, and a
+warning gives the ``hvd-mlflow sync`` command that uploads it.
 """
 
 from __future__ import annotations
 
-import collections
 import threading
 import time
-from collections.abc import Mapping
 
-from . import batching, destination
-from ._log import logger, warn_once
-from .batching import EpochRecord
-from .redact import redact
+from ._log import logger
+from .delivery import Uploader, is_permanent
+from .journal import Journal
+from .limits import Limits
+from .redact import mask_uri, redact
 
-_MAX_BACKOFF_S = 30.0
+OPEN_AFTER_FAILURES = 3
+
+
+class Backoff:
+    """Exponential backoff that turns into an open circuit after repeated failures."""
+
+    def __init__(self, first: float = 1.0, maximum: float = 60.0) -> None:
+        self.first, self.maximum = first, maximum
+        self.failures = 0
+        self.retry_at = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return self.failures >= OPEN_AFTER_FAILURES
+
+    def failed(self) -> float:
+        self.failures += 1
+        delay = min(self.maximum, self.first * 2.0 ** (self.failures - 1))
+        self.retry_at = time.monotonic() + delay
+        return delay
+
+    def succeeded(self) -> bool:
+        """Reset; returns whether the circuit was open."""
+        was_open = self.is_open
+        self.failures, self.retry_at = 0, 0.0
+        return was_open
+
+    def wait_time(self) -> float:
+        return max(0.0, self.retry_at - time.monotonic())
 
 
 class Sender:
-    """Deliver one training's params, tags and per-epoch metrics to one MLflow run, off the training thread.
+    """Upload a journal to a tracking server from a daemon thread.
 
     Example::
 
-        sender = Sender(destination.resolve(None), tags={"team": "vision"})
+        journal = Journal.create(directory, meta)
+        sender = Sender(journal, "http://127.0.0.1:5000", MLFLOW)
         sender.start()
-        sender.put_metrics(EpochRecord(step=0, timestamp_ms=now_ms, metrics={"loss": 0.7}))
-        sender.close(status="FINISHED", timeout=60)
+        journal.append("metrics", {"loss": 0.3}, step=0, timestamp_ms=now_ms)
+        sender.notify()
+        sender.close("FINISHED", timeout=60)
     """
 
-    def __init__(self, dest: destination.Destination, tags: Mapping[str, str] | None = None) -> None:
-        self.destination = dest
-        self._run_tags = dict(tags or {})
-        self._records: collections.deque[EpochRecord] = collections.deque()
-        self._params: dict[str, str] = {}
-        self._tags: dict[str, str] = {}
+    def __init__(
+        self, journal: Journal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0
+    ) -> None:
+        self.journal = journal
+        self._tracking_uri = tracking_uri
+        self._limits = limits
+        self._backoff = Backoff(maximum=max_backoff)
         self._cond = threading.Condition()
+        self._wake = False
         self._closing = False
-        self._final_status: str | None = None
         self._run_opened = threading.Event()
-        self._run_id: str | None = None
-        self._created_run = False
-        self._failures = 0
+        self.run_id: str | None = journal.meta().get("run_id")
+        self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
 
     # -- training thread -------------------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
+    def notify(self) -> None:
+        """New entries are in the journal."""
+        with self._cond:
+            self._wake = True
+            self._cond.notify()
+
     def wait_for_run(self, timeout: float) -> str | None:
-        """The run id once the run is open, or ``None`` if that takes longer than ``timeout`` seconds."""
         self._run_opened.wait(timeout)
-        return self._run_id
-
-    def put_metrics(self, record: EpochRecord) -> None:
-        with self._cond:
-            self._records.append(record)
-            self._cond.notify()
-
-    def put_params(self, params: Mapping[str, str]) -> None:
-        with self._cond:
-            self._params.update(params)
-            self._cond.notify()
-
-    def put_tags(self, tags: Mapping[str, str]) -> None:
-        with self._cond:
-            self._tags.update(tags)
-            self._cond.notify()
+        return self.run_id
 
     def close(self, status: str | None, timeout: float) -> bool:
-        """Deliver what is queued within ``timeout`` seconds, then end the run if hvd-mlflow created it.
-
-        Returns whether everything was delivered; if not, a warning says what was left.
-        """
+        """Record the training's outcome, wait up to ``timeout`` s for delivery; True if all was delivered."""
+        if status:
+            self.journal.set_meta({"final_status": status})
         with self._cond:
             self._closing = True
-            self._final_status = status
             self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self._thread.is_alive():
-            with self._cond:
-                left = len(self._records)
+        self._thread.join(timeout)
+        if self._thread.is_alive() or not self.delivered_all:
+            left = self.journal.count()
+            where = self.journal.path if self.journal.is_file else None
             logger.warning(
-                "hvd-mlflow: %d epoch(s) of metrics were not delivered to %s within %.0f s "
-                "(the tracking server is slow or unreachable); they are lost when this process exits. "
-                "Raise HVD_MLFLOW_FLUSH_TIMEOUT to wait longer.",
+                "hvd-mlflow: %d journal entr%s not delivered to %s within %.0f s. %s",
                 left,
-                self.destination.display_uri,
+                "y was" if left == 1 else "ies were",
+                mask_uri(self._tracking_uri),
                 timeout,
+                f"They are kept in {where}; upload them with:  hvd-mlflow sync {where}"
+                if where
+                else "The journal was in memory only (no writable journal directory): they are lost.",
             )
             return False
+        self.journal.delete()
         return True
-
-    @property
-    def run_id(self) -> str | None:
-        return self._run_id
 
     # -- sender thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
         from mlflow import MlflowClient
 
-        client = MlflowClient(self.destination.tracking_uri)
+        journal = self.journal.reopen()
+        uploader = Uploader(journal, MlflowClient(self._tracking_uri), self._limits)
         while True:
             with self._cond:
-                while not (self._closing or self._has_work()):
-                    self._cond.wait()
-                if self._closing and not self._has_work() and self._run_opened.is_set():
+                while not self._closing and not (self._wake and self._backoff.wait_time() == 0):
+                    self._cond.wait(self._backoff.wait_time() or None)
+                self._wake = False
+                closing = self._closing
+            try:
+                self.run_id = uploader.ensure_run()
+                self._run_opened.set()
+                while uploader.upload_some():
+                    pass
+                if self._backoff.succeeded():
+                    logger.warning("hvd-mlflow: the tracking server answers again; the backlog was sent")
+                if closing and uploader.finish():
+                    self.delivered_all = True
                     break
-            try:
-                if not self._run_opened.is_set():
-                    self._run_id, self._created_run = destination.open_run(
-                        client, self.destination, self._run_tags
-                    )
-                    self._run_opened.set()
-                    logger.info(
-                        "hvd-mlflow: logging to run %s at %s", self._run_id, self.destination.display_uri
-                    )
-                self._deliver(client)
-                self._failures = 0
             except Exception as error:  # noqa: BLE001 - the training must never see a tracking error
-                self._failures += 1
-                warn_once(
-                    f"deliver:{type(error).__name__}",
-                    "hvd-mlflow: could not log to %s (%s: %s); training goes on and logging is retried "
-                    "in the background",
-                    self.destination.display_uri,
-                    type(error).__name__,
-                    redact(str(error))[:500],
-                )
-                with self._cond:
-                    self._cond.wait(min(_MAX_BACKOFF_S, 2.0**self._failures))
-        self._end_run(client)
+                if is_permanent(error) and not uploader.run_id:
+                    logger.error("hvd-mlflow: cannot open the MLflow run: %s", redact(str(error))[:500])
+                    break
+                self._failed(error)
+                if closing:
+                    with self._cond:  # one more try when the backoff allows, until close() gives up
+                        self._cond.wait(self._backoff.wait_time())
+                else:
+                    self._wake = True
+        journal.close()
 
-    def _has_work(self) -> bool:
-        return bool(self._records or self._params or self._tags)
-
-    def _deliver(self, client) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
-        with self._cond:
-            entries = [("param", k, v) for k, v in self._params.items()]
-            entries += [("tag", k, v) for k, v in self._tags.items()]
-        for part in batching.chunks(entries):
-            client.log_batch(
-                self._run_id,
-                params=[Param(k, v) for kind, k, v in part if kind == "param"],
-                tags=[RunTag(k, v) for kind, k, v in part if kind == "tag"],
+    def _failed(self, error: BaseException) -> None:
+        delay = self._backoff.failed()
+        message = f"{type(error).__name__}: {redact(str(error))[:300]}"
+        if self._backoff.failures == OPEN_AFTER_FAILURES:
+            logger.warning(
+                "hvd-mlflow: the tracking server at %s failed %d times in a row (%s); pausing uploads, "
+                "probing every %.0f s at most. Training goes on; every epoch is kept in journal %s.",
+                mask_uri(self._tracking_uri),
+                self._backoff.failures,
+                message,
+                self._backoff.maximum,
+                self.journal.path,
             )
-            with self._cond:
-                for kind, key, value in part:
-                    pending = self._params if kind == "param" else self._tags
-                    if pending.get(key) == value:
-                        del pending[key]
-        with self._cond:
-            records = list(self._records)
-        for request in batching.metric_requests(records):
-            client.log_batch(self._run_id, metrics=[Metric(*point) for point in request.points])
-            with self._cond:
-                for _ in range(request.completes):
-                    self._records.popleft()
-
-    def _end_run(self, client) -> None:
-        if self._created_run and self._final_status and not self.destination.job_mode:
-            try:
-                end_ms = int(time.time() * 1000)
-                client.set_terminated(self._run_id, status=self._final_status, end_time=end_ms)
-            except Exception as error:  # noqa: BLE001
-                logger.warning("hvd-mlflow: could not end run %s: %s", self._run_id, redact(str(error)))
+        elif self._backoff.failures < OPEN_AFTER_FAILURES:
+            logger.info("hvd-mlflow: upload failed (%s); retrying in %.0f s", message, delay)

@@ -1,10 +1,13 @@
 """A real distributed Keras training for the tests: each rank fits on its own data with hvd-mlflow.
 
-Each rank writes ``rank<R>.json`` into ``--out`` with what the tests compare against:
+Each rank writes ``rank<R>.json`` into ``--out`` (again after every epoch, so a killed rank leaves what it
+did) with what the tests compare against:
 * ``local``: Keras' own epoch logs as Keras computed them on this rank, recorded by a spy on Keras'
   ``CallbackList.on_epoch_end`` before any callback (hvd-mlflow's included) runs: the independent truth;
 * ``history``: what ``model.history`` (the last callback) recorded: must be the global values;
-* ``run_id``: the run id hvd-mlflow's callback holds on this rank after the broadcast.
+* ``run_id``: the run id hvd-mlflow's callback holds on this rank after the broadcast;
+* ``epoch_end_s`` / ``train_begin_s`` / ``train_end_s``: how long the callbacks took at those points (on
+  rank 0 that is the stall hvd-mlflow adds to the training).
 """
 
 from __future__ import annotations
@@ -12,7 +15,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
+import signal
+import time
 from pathlib import Path
 
 import horovod.tensorflow as hvd
@@ -24,21 +30,46 @@ import hvd_mlflow
 keras = tf.keras
 flavour = keras.Model.__module__.split(".", 1)[0]
 keras_module = importlib.import_module(flavour)
-record: dict = {"local": [], "flavour": flavour}
+record: dict = {"local": [], "flavour": flavour, "epoch_end_s": []}
+ODD_NAMES = ["acc@5", "f(1)", "val loss", "précision", "top 1/err"]
 
 
-def spy_on_epoch_end() -> None:
+def save(out: Path) -> None:
+    (out / f"rank{hvd.rank()}.json").write_text(json.dumps(record))
+
+
+def spy(args: argparse.Namespace) -> None:
+    """Record Keras' own local logs and the callbacks' time, around Keras' callback dispatch."""
     callback_list = keras_module.callbacks.CallbackList
-    original = callback_list.on_epoch_end
+    originals = {
+        name: getattr(callback_list, name) for name in ("on_epoch_end", "on_train_begin", "on_train_end")
+    }
 
     def on_epoch_end(self, epoch, logs=None):
         record["local"].append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
+        start = time.perf_counter()
+        result = originals["on_epoch_end"](self, epoch, logs)
+        record["epoch_end_s"].append(time.perf_counter() - start)
         for cb in self.callbacks:
             if isinstance(cb, hvd_mlflow.HorovodMlflowCallback):
                 record["run_id"] = cb.run_id
-        return original(self, epoch, logs)
+        save(args.out)
+        if args.kill_rank0_at_epoch == epoch and hvd.rank() == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    def timed(name):
+        def hook(self, logs=None):
+            start = time.perf_counter()
+            result = originals[name](self, logs)
+            record[f"{name[3:]}_s"] = time.perf_counter() - start
+            return result
+
+        return hook
 
     callback_list.on_epoch_end = on_epoch_end
+    callback_list.on_train_begin = timed("on_train_begin")
+    callback_list.on_train_end = timed("on_train_end")
 
 
 def data(rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,6 +80,32 @@ def data(rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+class Extra(keras.callbacks.Callback):
+    """Puts more entries into the logs before hvd-mlflow's callback sees them (placed before it)."""
+
+    def __init__(self, count: int, odd_names: bool, collision: bool, epoch_sleep: float) -> None:
+        super().__init__()
+        self.count, self.odd_names, self.collision, self.epoch_sleep = (
+            count,
+            odd_names,
+            collision,
+            epoch_sleep,
+        )
+
+    def on_epoch_begin(self, epoch, logs=None):
+        time.sleep(self.epoch_sleep)  # stands for real compute: gives faults time to happen mid-training
+
+    def on_epoch_end(self, epoch, logs=None):
+        rank = hvd.rank()
+        for i in range(self.count):
+            logs[f"extra/m{i:04d}"] = float(i + rank + epoch * 0.5)
+        if self.odd_names:
+            for j, name in enumerate(ODD_NAMES):
+                logs[name] = float(j * 10 + rank + epoch)
+        if self.collision:
+            logs["a@b"], logs["a(b"] = 1.0, 2.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -56,14 +113,23 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=96)
     parser.add_argument("--explicit-callback", action="store_true", help="pass the callback, no autolog")
     parser.add_argument("--mismatch", action="store_true", help="rank 1 compiles one more metric")
-    parser.add_argument("--no-validation", action="store_true")
+    parser.add_argument("--extra-metrics", type=int, default=0)
+    parser.add_argument("--odd-names", action="store_true")
+    parser.add_argument("--collision", action="store_true")
+    parser.add_argument("--params", type=int, default=0, help="extra params to log")
+    parser.add_argument("--epoch-sleep", type=float, default=0.0)
+    parser.add_argument("--kill-rank0-at-epoch", type=int, default=-1)
     args = parser.parse_args()
 
     hvd.init()
+    logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
     rank = hvd.rank()
-    if not args.explicit_callback:
-        hvd_mlflow.autolog()
-    spy_on_epoch_end()
+    options = {"extra_params": {f"hp_{i:03d}": i for i in range(args.params)}} if args.params else {}
+    extra = args.extra_metrics or args.odd_names or args.collision or args.epoch_sleep
+    if not (args.explicit_callback or extra):
+        hvd_mlflow.autolog(**options)
+    spy(args)
     keras.utils.set_random_seed(7)
 
     metrics = ["accuracy"] + (["mae"] if args.mismatch and rank == 1 else [])
@@ -73,20 +139,18 @@ def main() -> None:
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=metrics)
     x, y = data(rank, args.samples)
     xv, yv = data(rank + 10, args.samples // 2)
-    callbacks = [hvd_mlflow.HorovodMlflowCallback(model=model)] if args.explicit_callback else []
+    callbacks = []
+    if extra:
+        callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
+    if args.explicit_callback or extra:
+        callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
     history = model.fit(
-        x,
-        y,
-        batch_size=16,
-        epochs=args.epochs,
-        validation_data=None if args.no_validation else (xv, yv),
-        callbacks=callbacks,
-        verbose=0,
+        x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=callbacks, verbose=0
     )
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     record["size"] = hvd.size()
-    record["pid"] = os.getpid()
-    (args.out / f"rank{rank}.json").write_text(json.dumps(record))
+    record["finished"] = True
+    save(args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,120 @@
+"""The ``hvd-mlflow`` command.
+
+hvd-mlflow sync                      # upload every pending journal under .hvd_mlflow/journal
+hvd-mlflow sync path/to/x.journal.sqlite --tracking-uri http://mlflow:5000
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from . import journal as journal_module
+from ._version import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hvd-mlflow")
+@click.option("-v", "--verbose", is_flag=True, help="Say more about what is done.")
+def main(verbose: bool) -> None:
+    """Tools around hvd-mlflow's Keras callback."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+
+
+@main.command()
+@click.argument("journals", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--tracking-uri",
+    envvar="HVD_MLFLOW_SYNC_TRACKING_URI",
+    help="Upload there instead of the tracking URI recorded in each journal.",
+)
+@click.option("--keep", is_flag=True, help="Keep journal files once fully delivered (default: delete them).")
+@click.option("--force", is_flag=True, help="Also upload journals whose training process still runs.")
+def sync(journals: tuple[Path, ...], tracking_uri: str | None, keep: bool, force: bool) -> None:
+    """Upload what training could not deliver, from journal files (default: every journal in
+    $HVD_MLFLOW_JOURNAL_DIR, else .hvd_mlflow/journal under the working directory).
+
+    Safe to run again, or after a partial upload: nothing is logged twice. A run that hvd-mlflow created is
+    ended with the training's outcome (KILLED when the training died without one).
+    """
+    paths = list(journals) or journal_module.find()
+    if not paths:
+        click.echo(f"no journal in {journal_module.default_directory()}: nothing to upload")
+        return
+    failures = 0
+    for path in paths:
+        try:
+            _sync_one(path, tracking_uri, keep=keep, force=force)
+        except click.ClickException:
+            raise
+        except Exception as error:  # noqa: BLE001 - go on with the other journals, fail at the end
+            from .redact import redact
+
+            failures += 1
+            click.echo(f"{path}: not uploaded: {redact(str(error))[:500]}", err=True)
+    if failures:
+        raise click.ClickException(
+            f"{failures} of {len(paths)} journal(s) not fully uploaded; run the same command again"
+        )
+
+
+def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) -> None:
+    from mlflow import MlflowClient
+
+    from .delivery import Uploader
+    from .limits import for_tracking_uri
+    from .redact import mask_uri
+
+    journal = journal_module.Journal.open(path)
+    meta = journal.meta()
+    alive = _writer_alive(meta)
+    if alive and not force:
+        click.echo(
+            f"{path}: skipped, its training (pid {meta.get('pid')}) is still running (--force to upload)"
+        )
+        journal.close()
+        return
+    uri = tracking_uri or meta.get("tracking_uri")
+    if not tracking_uri and meta.get("tracking_uri_has_credentials") == "1":
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            raise click.ClickException(
+                f"{path}: its tracking URI carried credentials, which journals never store; "
+                "give it with --tracking-uri or MLFLOW_TRACKING_URI"
+            )
+    if not meta.get("final_status") and not alive:
+        journal.set_meta({"final_status": "KILLED"})  # the training died without an outcome
+    uploader = Uploader(journal, MlflowClient(uri), for_tracking_uri(uri))
+    total = journal.count()
+    with click.progressbar(length=total, label=f"{path.name} -> {mask_uri(uri)}", file=sys.stderr) as bar:
+        while settled := uploader.upload_some():
+            bar.update(settled)
+    uploader.finish()
+    left = journal.count()
+    click.echo(f"{path}: {total - left} entries uploaded to run {uploader.run_id}, {left} left")
+    if left == 0 and not keep:
+        journal.delete()
+    else:
+        journal.close()
+
+
+def _writer_alive(meta: dict) -> bool:
+    """Whether the process that writes this journal is still alive on this host."""
+    if meta.get("host") != socket.gethostname() or not meta.get("pid"):
+        return False
+    try:
+        os.kill(int(meta["pid"]), 0)
+    except (ProcessLookupError, ValueError):
+        return False
+    except PermissionError:
+        return True
+    return int(meta["pid"]) != os.getpid()
+
+
+if __name__ == "__main__":
+    main()

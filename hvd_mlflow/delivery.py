@@ -1,0 +1,218 @@
+"""Upload a journal's pending entries into its MLflow run, idempotently.
+
+Used by rank 0's background sender while training runs and by ``hvd-mlflow sync`` afterwards. Every step can
+be repeated without harm:
+
+* the run: the one recorded in the journal; else a run carrying the journal's id as a tag (found again
+  after a create whose answer was lost); else a new one, tagged with that id;
+* params and tags: sending the same value twice is a no-op for MLflow;
+* metrics: each point keeps the timestamp it was measured at, so a resend is the *same* point (MLflow's SQL
+  store drops exact duplicates). Servers that would store it twice (AzureML accepts several values at one
+  step) are covered by checking, after any failed request, whether it was applied before resending it.
+
+HTTP retries (408/429/5xx, connection errors, ``Retry-After``) are MLflow's own. An error the server will
+repeat (4xx) is not retried forever: the entry is isolated, marked rejected in the journal, and warned about.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import batching
+from ._log import logger
+from .batching import EpochRecord
+from .journal import REJECTED, Entry, Journal
+from .limits import Limits
+from .redact import redact
+
+JOURNAL_ID_TAG = "hvd_mlflow.journal_id"
+DEFAULT_EXPERIMENT_ID = "0"
+_READ_AHEAD = 2000
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether the server will give the same answer again (a 4xx other than 408 and 429)."""
+    from mlflow.exceptions import MlflowException
+
+    if isinstance(error, MlflowException):
+        status = error.get_http_status_code()
+        return 400 <= status < 500 and status not in (408, 429)
+    return False
+
+
+class Uploader:
+    """Delivers one journal to one tracking server through an ``MlflowClient``."""
+
+    def __init__(self, journal: Journal, client: Any, limits: Limits) -> None:
+        self.journal = journal
+        self.client = client
+        self.limits = limits
+        self.meta = journal.meta()
+        # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
+        self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
+        self._isolate = False  # after a permanent error: one entry per request, to find the bad one
+
+    @property
+    def run_id(self) -> str | None:
+        return self.meta.get("run_id")
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def ensure_run(self) -> str:
+        if self.run_id:
+            return self.run_id
+        if self.meta.get("job_mode") == "1":
+            raise RuntimeError("no run id in an AzureML job: hvd-mlflow never creates the job's run")
+        journal_id = self.meta["journal_id"]
+        experiment_id = self._experiment_id()
+        if self.meta.get("create_attempted") == "1":  # an earlier create may have been applied
+            found = self.client.search_runs(
+                [experiment_id], filter_string=f"tags.`{JOURNAL_ID_TAG}` = '{journal_id}'", max_results=1
+            )
+            if found:
+                return self._remember_run(found[0].info.run_id)
+        self.journal.set_meta({"create_attempted": "1"})
+        tags = {**json.loads(self.meta.get("run_tags") or "{}"), JOURNAL_ID_TAG: journal_id}
+        run = self.client.create_run(experiment_id, tags=tags)
+        return self._remember_run(run.info.run_id)
+
+    def _experiment_id(self) -> str:
+        if self.meta.get("experiment_id"):
+            return str(self.meta["experiment_id"])
+        name = self.meta.get("experiment_name")
+        if not name:
+            return DEFAULT_EXPERIMENT_ID
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        self.journal.set_meta({"experiment_id": experiment_id})
+        self.meta["experiment_id"] = experiment_id
+        return experiment_id
+
+    def _remember_run(self, run_id: str) -> str:
+        self.journal.set_meta({"run_id": run_id, "created_run": "1"})
+        self.meta.update(run_id=run_id, created_run="1")
+        return run_id
+
+    def finish(self) -> bool:
+        """End the run if hvd-mlflow created it and the training's outcome is known; True when done."""
+        if self.journal.count() or self.meta.get("ended") == "1":
+            return self.meta.get("ended") == "1"
+        status = self.journal.meta().get("final_status")
+        if self.meta.get("created_run") == "1" and status and self.meta.get("job_mode") != "1":
+            _end_run(self.client, self.run_id, status)
+        if status:
+            self.journal.set_meta({"ended": "1"})
+            self.meta["ended"] = "1"
+        return bool(status)
+
+    # -- entries ---------------------------------------------------------------------------------------
+    def upload_some(self) -> int:
+        """Send what is pending (up to a read-ahead window); return how many entries were settled.
+
+        Raises what the client raised on a transient failure; nothing is lost, the entries stay pending.
+        """
+        run_id = self.ensure_run()
+        settled = self._settle_unsure(run_id)
+        entries = self.journal.pending(_READ_AHEAD)
+        for kind, group in _groups(entries, self._isolate):
+            try:
+                if kind == "metrics":
+                    settled += self._send_metrics(run_id, group)
+                else:
+                    settled += self._send_params_tags(run_id, group)
+            except Exception as error:
+                if not is_permanent(error):
+                    raise
+                if len(group) > 1:  # find the entry the server refuses: one per request from now on
+                    self._isolate = True
+                    return settled
+                self.journal.acknowledge([group[0].seq], state=REJECTED)
+                settled += 1
+                logger.warning(
+                    "hvd-mlflow: the tracking server refused %s at step %s (%s); it is kept in journal %s "
+                    "as rejected and not sent again",
+                    group[0].kind,
+                    group[0].step,
+                    redact(str(error))[:500],
+                    self.journal.path,
+                )
+        if not entries:
+            self._isolate = False
+        return settled
+
+    def _send_params_tags(self, run_id: str, group: list[Entry]) -> int:
+        from mlflow.entities import Param, RunTag
+
+        params = [Param(k, str(v)) for e in group if e.kind == "params" for k, v in e.payload.items()]
+        tags = [RunTag(k, str(v)) for e in group if e.kind == "tags" for k, v in e.payload.items()]
+        self.client.log_batch(run_id, params=params, tags=tags)
+        self.journal.acknowledge([e.seq for e in group])
+        return len(group)
+
+    def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
+        from mlflow.entities import Metric
+
+        records = [EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group]
+        done = 0
+        for request in batching.metric_requests(
+            records, self.limits.metrics_per_request, self.limits.values_per_key_per_request
+        ):
+            seqs = [e.seq for e in group[done : done + request.completes]]
+            self._unsure = (seqs, request.points[-1]) if request.points else None
+            self.client.log_batch(run_id, metrics=[Metric(*p) for p in request.points])
+            self._unsure = None
+            self.journal.acknowledge(seqs)
+            done += request.completes
+        return done
+
+    def _settle_unsure(self, run_id: str) -> int:
+        """After a failed attempt, acknowledge its entries if the server holds its last point anyway.
+
+        A request can be applied and its answer lost; resending it would store every point twice on a
+        server that does not drop exact duplicates. Each request's points all go in one call, and requests
+        are sent in step order, so the request was applied iff its last point is the latest of its metric.
+        """
+        if self._unsure is None:
+            return 0
+        seqs, (key, _value, timestamp, step) = self._unsure
+        latest = {m.key: m for m in getattr(self.client.get_run(run_id).data, "_metric_objs", [])}
+        point = latest.get(key)
+        self._unsure = None
+        if point is not None and point.step == step and point.timestamp == timestamp:
+            logger.info("hvd-mlflow: a request whose answer was lost had been applied; not sending it again")
+            self.journal.acknowledge(seqs)
+            return len(seqs)
+        return 0
+
+
+def _end_run(client: Any, run_id: str, status: str) -> None:
+    """``set_terminated`` without its side effects: it also GETs the run and prints the run's URL to stdout,
+    credentials included when the tracking URI carries them, from our background thread."""
+    from mlflow.entities import RunStatus
+
+    end_time = int(time.time() * 1000)
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    if store is None:
+        client.set_terminated(run_id, status=status, end_time=end_time)
+    else:
+        store.update_run_info(run_id, RunStatus.from_string(status), end_time, None)
+
+
+def _groups(entries: list[Entry], isolate: bool) -> Iterator[tuple[str, list[Entry]]]:
+    """Consecutive entries of one kind ("metrics", or params and tags together), in journal order."""
+    group: list[Entry] = []
+    kind = ""
+    size = 0
+    for entry in entries:
+        entry_kind = "metrics" if entry.kind == "metrics" else "params_tags"
+        fits = entry_kind == "metrics" or size + len(entry.payload) <= 100
+        if group and (isolate or entry_kind != kind or not fits):
+            yield kind, group
+            group, size = [], 0
+        group.append(entry)
+        kind = entry_kind
+        size += len(entry.payload) if entry_kind != "metrics" else 0
+    if group:
+        yield kind, group

@@ -1,0 +1,269 @@
+"""Fault injection: real ranks, a real mlflow server, a faulty proxy between them.
+
+Every case asserts: fit finished on every rank, the run holds every epoch exactly once for every metric with
+the global value (after ``hvd-mlflow sync`` where the case needs it), and the longest time hvd-mlflow added
+to an epoch end on rank 0 stays under STALL_BOUND_S. Measurements go to test-artifacts/faults/.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import uuid
+
+import pytest
+
+from tests.support.checks import (
+    FAST_RETRIES,
+    STALL_BOUND_S,
+    check_run,
+    journals,
+    launch,
+    longest_stall,
+    report,
+    sync,
+)
+from tests.support.mlflow_server import free_port
+from tests.support.proxy import DROP_RESPONSE, RESET, Delay, Proxy, Recorded, Respond
+
+pytestmark = [pytest.mark.multirank, pytest.mark.faults, pytest.mark.timeout(600)]
+
+
+def precreated_run(client) -> str:
+    experiment = client.create_experiment(f"faults-{uuid.uuid4().hex[:8]}")
+    return client.create_run(experiment).info.run_id
+
+
+def train(tmp_path, uri: str, run_id: str | None = None, args: list[str] | None = None, **env: str):
+    environment = {**FAST_RETRIES, "MLFLOW_TRACKING_URI": uri, **env}
+    if run_id:
+        environment["MLFLOW_RUN_ID"] = run_id
+    return launch.run(tmp_path, args or [], env=environment, timeout=400)
+
+
+def finished_ranks(done) -> list[dict]:
+    done.check()
+    ranks = [done.rank(0), done.rank(1)]
+    assert all(r.get("finished") for r in ranks)
+    return ranks
+
+
+def assert_stall(name: str, ranks: list[dict], counts: dict, **extra) -> None:
+    stall = longest_stall(ranks[0])
+    report(name, longest_epoch_end_stall_s=round(stall, 4), train_begin_s=ranks[0].get("train_begin_s"),
+           train_end_s=ranks[0].get("train_end_s"), **counts, **extra)  # fmt: skip
+    assert stall < STALL_BOUND_S, stall
+
+
+def test_server_unreachable_from_the_start_then_sync(tmp_path, mlflow_server, client):
+    port = free_port()  # nothing listens there during training
+    name = f"unreachable-{uuid.uuid4().hex[:8]}"
+    done = train(tmp_path, f"http://127.0.0.1:{port}", args=["--epochs", "4"],
+                 MLFLOW_EXPERIMENT_NAME=name, HVD_MLFLOW_FLUSH_TIMEOUT="3")  # fmt: skip
+    ranks = finished_ranks(done)
+    assert "were not delivered" in done.output and "hvd-mlflow sync" in done.output
+    assert len(journals(tmp_path)) == 1
+    with Proxy(mlflow_server.url, port=port):  # the server is back, at the same address
+        first = sync(tmp_path)
+        assert first.returncode == 0, first.stderr
+        again = sync(tmp_path)
+        assert again.returncode == 0 and "nothing to upload" in again.stdout
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    assert run.info.status == "FINISHED"
+    counts = check_run(client, run.info.run_id, ranks, 4)
+    assert journals(tmp_path) == []
+    assert_stall("unreachable_then_sync", ranks, counts, syncs=2)
+
+
+def test_server_killed_mid_training_and_restarted(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    seen = {"metric_requests": 0}
+    proxy: Proxy
+
+    def fault(request: Recorded):
+        if request.metrics:
+            seen["metric_requests"] += 1
+            if seen["metric_requests"] == 2:
+                seen["outage"] = proxy.outage(4.0)  # down for 4 s, then back on the same port
+                return RESET
+        return None
+
+    with Proxy(mlflow_server.url, fault=fault) as proxy:
+        done = train(tmp_path, proxy.url, run_id, ["--epochs", "8", "--epoch-sleep", "0.5"])
+        ranks = finished_ranks(done)
+    assert "outage" in seen
+    counts = check_run(client, run_id, ranks, 8)
+    assert_stall("server_killed_and_restarted", ranks, counts, outage_s=4.0)
+
+
+def test_429_with_retry_after_on_half_the_requests(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    count = {"n": 0, "429": 0}
+
+    def fault(request: Recorded):
+        count["n"] += 1
+        if count["n"] % 2 == 0:
+            count["429"] += 1
+            return Respond(429, {"Retry-After": "1"}, b'{"error_code": "REQUEST_LIMIT_EXCEEDED"}')
+        return None
+
+    with Proxy(mlflow_server.url, fault=fault) as proxy:
+        ranks = finished_ranks(train(tmp_path, proxy.url, run_id, ["--epochs", "6", "--epoch-sleep", "0.3"]))
+    assert count["429"] >= 3
+    counts = check_run(client, run_id, ranks, 6)
+    assert_stall("throttled_429", ranks, counts, answered_429=count["429"], requests=count["n"])
+
+
+def test_random_503s_and_connection_resets(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    rng = random.Random(1234)
+    injected = {"503": 0, "reset": 0}
+    count = {"n": 0}
+    lock = threading.Lock()
+
+    def fault(request: Recorded):
+        with lock:
+            draw = rng.random()
+            count["n"] += 1
+            n = count["n"]
+        if n == 4:  # at least one of each, whatever the draws
+            draw = 0.3
+        if n == 6:
+            draw = 0.1
+        if draw < 0.25:
+            injected["503"] += 1
+            return Respond(503)
+        if draw < 0.40:
+            injected["reset"] += 1
+            return RESET
+        return None
+
+    with Proxy(mlflow_server.url, fault=fault) as proxy:
+        ranks = finished_ranks(train(tmp_path, proxy.url, run_id, ["--epochs", "6", "--epoch-sleep", "0.3"]))
+    assert injected["503"] and injected["reset"]
+    counts = check_run(client, run_id, ranks, 6)
+    assert_stall("random_503_and_resets", ranks, counts, **injected)
+
+
+def test_applied_request_whose_response_is_lost_is_not_sent_twice(tmp_path, mlflow_server, client):
+    """The server applies the epoch-1 request but no answer ever comes back, through all of MLflow's retries.
+    hvd-mlflow then checks the run before sending again, sees the points and does not resend them."""
+    run_id = precreated_run(client)
+    dropped = []
+
+    def fault(request: Recorded):
+        if any(m["step"] in (1, "1") for m in request.metrics) and len(dropped) < 3:
+            dropped.append(request)
+            return DROP_RESPONSE
+        return None
+
+    with Proxy(mlflow_server.url, fault=fault) as proxy:
+        done = train(tmp_path, proxy.url, run_id, ["--epochs", "4", "--epoch-sleep", "0.3"])
+        ranks = finished_ranks(done)
+        sent_step1 = [r for r in proxy.log_batches() if any(str(m["step"]) == "1" for m in r.metrics)]
+    assert len(dropped) == 3  # MLflow's own retries (2) resent it; all three applied, none answered
+    assert "had been applied" in done.output
+    assert len(sent_step1) == 3  # and hvd-mlflow did not send it a fourth time
+    counts = check_run(client, run_id, ranks, 4)
+    assert_stall("response_lost", ranks, counts, dropped_responses=len(dropped))
+
+
+def test_slow_server(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    with Proxy(mlflow_server.url, fault=lambda r: Delay(3.0)) as proxy:
+        ranks = finished_ranks(train(tmp_path, proxy.url, run_id, ["--epochs", "6"]))
+        requests = len(proxy.metric_requests())
+    counts = check_run(client, run_id, ranks, 6)
+    assert requests <= 6
+    assert_stall("slow_server_3s", ranks, counts, metric_requests=requests)
+
+
+def test_rank0_sigkilled_mid_training_then_sync(tmp_path, mlflow_server, client):
+    name = f"killed-{uuid.uuid4().hex[:8]}"
+    done = train(tmp_path, mlflow_server.url, args=["--epochs", "6", "--kill-rank0-at-epoch", "2",
+                 "--epoch-sleep", "0.3"], MLFLOW_EXPERIMENT_NAME=name)  # fmt: skip
+    assert done.returncode != 0
+    ranks = [done.rank(0), done.rank(1)]
+    assert len(ranks[0]["local"]) == 3  # epochs 0, 1, 2 were completed and journaled
+    result = sync(tmp_path)
+    assert result.returncode == 0, result.stderr
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    assert run.info.status == "KILLED"
+    counts = check_run(client, run.info.run_id, ranks, 3)
+    assert_stall("rank0_sigkill_then_sync", ranks, counts)
+
+
+def test_1500_metrics_300_params_and_odd_names(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    args = ["--epochs", "3", "--extra-metrics", "1500", "--odd-names", "--params", "300"]
+    with Proxy(mlflow_server.url) as proxy:
+        done = train(tmp_path, proxy.url, run_id, args)
+        ranks = finished_ranks(done)
+        batches = [r.json() for r in proxy.log_batches()]
+    extra = {f"extra/m{i:04d}": [i + 0.5 + e * 0.5 for e in range(3)] for i in range(1500)}
+    cleaned = {"acc@5": "acc_5", "f(1)": "f_1_", "val loss": "val loss", "précision": "précision",
+               "top 1/err": "top 1/err"}  # fmt: skip
+    for j, (original, name) in enumerate(cleaned.items()):
+        extra[name] = [j * 10 + 0.5 + e for e in range(3)]
+        if name != original:
+            assert done.output.count(f"{original!r} is not accepted") == 1
+    counts = check_run(client, run_id, ranks, 3, extra_keys=extra)
+    params = client.get_run(run_id).data.params
+    assert all(params[f"hp_{i:03d}"] == str(i) for i in range(300))
+    for body in batches:  # every request within MLflow's and AzureML's limits
+        assert len(body.get("metrics", [])) <= 1000
+        assert len(body.get("params", [])) + len(body.get("tags", [])) <= 100
+        keys = [m["key"] for m in body.get("metrics", [])]
+        assert all(keys.count(k) <= 250 for k in set(keys))
+    assert_stall("1500_metrics_300_params", ranks, counts, requests=len(batches))
+
+
+def test_names_that_collide_once_cleaned_fail_every_rank(tmp_path, mlflow_server):
+    done = train(tmp_path, mlflow_server.url, args=["--epochs", "2", "--collision"])
+    assert done.returncode != 0
+    assert done.output.count("MetricNameCollisionError") >= 2
+    assert "'a(b', 'a@b' -> 'a_b'" in done.output
+
+
+def test_secrets_never_reach_logs_journal_or_run(tmp_path, mlflow_server, client):
+    token, password, api_key = (f"SECRET{uuid.uuid4().hex}" for _ in range(3))
+    port = free_port()
+    uri = f"http://alice:{password}@127.0.0.1:{port}"  # nothing listens during training
+    name = f"secrets-{uuid.uuid4().hex[:8]}"
+    env = {"MLFLOW_EXPERIMENT_NAME": name, "HVD_MLFLOW_FLUSH_TIMEOUT": "3", "MLFLOW_TRACKING_TOKEN": token,
+           "MY_SERVICE_API_KEY": api_key}  # fmt: skip
+    done = train(tmp_path, uri, args=["--epochs", "3"], **env)
+    ranks = finished_ranks(done)
+    [journal] = journals(tmp_path)
+    assert oct(journal.stat().st_mode & 0o777) == oct(0o600)
+    refused = sync(tmp_path)  # the journal does not hold the password, so sync must be told the URI
+    assert refused.returncode != 0 and "carried credentials" in refused.stderr
+    with Proxy(mlflow_server.url, port=port):
+        result = sync(tmp_path, env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_TRACKING_TOKEN": token})
+    assert result.returncode == 0, result.stderr
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    check_run(client, run.info.run_id, ranks, 3)
+    texts = {
+        "training output": done.output,
+        "sync output": refused.stdout + refused.stderr + result.stdout + result.stderr,
+        "run params and tags": repr(run.data.params) + repr(run.data.tags),
+    }
+    for name_, text in texts.items():
+        for secret in (token, password, api_key):
+            assert secret not in text, f"a secret leaked into the {name_}"
+    assert "***@127.0.0.1" in done.output  # the URI is shown, masked
+    report("secrets", places_checked=len(texts) + 1, secrets=3, leaks=0)
+
+
+def test_the_journal_holds_no_secret(tmp_path):
+    """The journal file itself (and its WAL), grepped byte by byte after a training that could not log."""
+    token = f"SECRET{uuid.uuid4().hex}"
+    password = f"SECRET{uuid.uuid4().hex}"
+    done = train(tmp_path, f"http://bob:{password}@127.0.0.1:{free_port()}", args=["--epochs", "2"],
+                 HVD_MLFLOW_FLUSH_TIMEOUT="2", MLFLOW_TRACKING_TOKEN=token)  # fmt: skip
+    finished_ranks(done)
+    files = list((tmp_path / ".hvd_mlflow" / "journal").iterdir())
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        assert token.encode() not in data and password.encode() not in data, path
