@@ -16,10 +16,11 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
-def tracking(mlflow_server, client, monkeypatch):
+def tracking(mlflow_server, client, monkeypatch, tmp_path):
     """Each test logs into a fresh experiment of the session server; autolog is undone afterwards."""
     for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HVD_MLFLOW_JOURNAL_DIR", str(tmp_path / "journal"))
     name = f"autolog-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", name)
     mlflow.set_tracking_uri(mlflow_server.url)
@@ -60,7 +61,7 @@ class Spy:
 
 
 @pytest.mark.parametrize("flavour", keras_flavour.importable())
-def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, monkeypatch, flavour):
+def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, monkeypatch, flavour, tmp_path):
     model, keras = small_model(flavour)
     spy = Spy(keras, monkeypatch)
     hvd_mlflow.autolog()
@@ -71,6 +72,7 @@ def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, mon
     assert spy.order[0].count("HorovodMlflowCallback") == 1
     [run] = runs_of(client, tracking)
     assert run.info.status == "FINISHED"
+    assert not list((tmp_path / "journal").glob("*.sqlite"))  # delivered: the journal is removed
     points = client.get_metric_history(run.info.run_id, "loss")
     assert sorted((p.step, p.value) for p in points) == [
         (e, pytest.approx(v)) for e, v in enumerate(history.history["loss"])
