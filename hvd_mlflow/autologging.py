@@ -13,9 +13,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import destination, keras_flavour
+from . import destination, guard, keras_flavour, topology
 from ._log import logger
 from .callback import HorovodMlflowCallback
+from .config import Options
 
 _originals: dict[type, Callable[..., Any]] = {}
 _settings: dict[str, Any] | None = None
@@ -29,6 +30,7 @@ def autolog(
     flush_timeout: float | None = None,
     run_wait: float | None = None,
     journal_dir: str | None = None,
+    guard_other_ranks: bool | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -58,12 +60,17 @@ def autolog(
             (``HVD_MLFLOW_RUN_WAIT``, default 5); logging goes on in the background either way.
         journal_dir: where rank 0 journals what it logs (``HVD_MLFLOW_JOURNAL_DIR``, default
             ``.hvd_mlflow/journal`` in the working directory).
+        guard_other_ranks: on ranks other than 0, make ``mlflow.log_*``, ``mlflow.start_run``,
+            ``mlflow.autolog`` and ``mlflow.<flavour>.autolog`` no-ops with one warning, since every rank of an
+            AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on). MLflow's own
+            TensorFlow/Keras autologging is turned off on every rank (it would log every metric twice).
     """
     global _settings
     if disable:
         for model_class, original in _originals.items():
             model_class.fit = original
         _originals.clear()
+        guard.uninstall()
         _settings = None
         return
     _settings = {
@@ -75,6 +82,11 @@ def autolog(
         "journal_dir": journal_dir,
         "run_id": destination.run_id_from_environment(),
     }
+    if Options.resolve(guard_other_ranks=guard_other_ranks).guard_other_ranks:
+        import mlflow
+
+        job_mode = destination.is_azureml_job(mlflow.get_tracking_uri())
+        guard.install(topology.current().rank, _settings["run_id"], job_mode=job_mode)
     for flavour in keras_flavour.importable():
         model_class = keras_flavour.model_class(flavour)
         if model_class not in _originals:

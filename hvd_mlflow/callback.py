@@ -52,9 +52,7 @@ class HorovodMlflowCallback:
 
     def __new__(cls, *args: Any, model: Any = None, flavour: str | None = None, **kwargs: Any):
         if cls._flavour is None:
-            chosen = flavour or (
-                keras_flavour.of_model(model) if model is not None else keras_flavour.of_tf_keras()
-            )
+            chosen = flavour or (keras_flavour.of_model(model) if model is not None else keras_flavour.of_tf_keras())
             cls = _concrete_class(chosen)
         return object.__new__(cls)
 
@@ -144,9 +142,7 @@ class HorovodMlflowCallback:
                 flavour=self._flavour or "keras",
                 extra=self.options.extra_tags,
             )
-            directory = (
-                Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
-            )
+            directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
             self._run_logger = RunLogger(dest, directory, run_tags=tags)
             if dest.run_id is not None:
                 return dest.run_id

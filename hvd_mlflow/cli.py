@@ -74,9 +74,7 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
     meta = journal.meta()
     alive = _writer_alive(meta)
     if alive and not force:
-        click.echo(
-            f"{path}: skipped, its training (pid {meta.get('pid')}) is still running (--force to upload)"
-        )
+        click.echo(f"{path}: skipped, its training (pid {meta.get('pid')}) is still running (--force to upload)")
         journal.close()
         return
     uri = tracking_uri or meta.get("tracking_uri")

@@ -26,6 +26,8 @@ class Options:
         journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
             directory); ``hvd-mlflow sync`` looks there by default.
         silent: no warnings from hvd-mlflow (errors are still raised).
+        guard_other_ranks: with ``autolog()``, MLflow writes from user code on ranks other than 0 do nothing
+            (see :mod:`hvd_mlflow.guard`).
     """
 
     flush_timeout: float = 60.0
@@ -34,6 +36,7 @@ class Options:
     extra_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
     journal_dir: str = ""
     silent: bool = False
+    guard_other_ranks: bool = True
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:

@@ -125,6 +125,9 @@ class Uploader:
             except Exception as error:
                 if not is_permanent(error):
                     raise
+                if kind != "metrics" and len(group) == 1 and len(group[0].payload) > 1:
+                    settled += self._send_params_tags_one_by_one(run_id, group[0])
+                    continue
                 if len(group) > 1:  # find the entry the server refuses: one per request from now on
                     self._isolate = True
                     return settled
@@ -150,6 +153,29 @@ class Uploader:
         self.client.log_batch(run_id, params=params, tags=tags)
         self.journal.acknowledge([e.seq for e in group])
         return len(group)
+
+    def _send_params_tags_one_by_one(self, run_id: str, entry: Entry) -> int:
+        """The server refused a params/tags entry: send each item alone, so one bad item (a param whose value
+        changed, say) does not take the others with it."""
+        from mlflow.entities import Param, RunTag
+
+        for key, value in entry.payload.items():
+            item = [Param(key, str(value))] if entry.kind == "params" else [RunTag(key, str(value))]
+            try:
+                self.client.log_batch(run_id, **{entry.kind: item})
+            except Exception as error:
+                if not is_permanent(error):
+                    raise
+                logger.warning(
+                    "hvd-mlflow: the tracking server refused %s %r=%r (%s); the other %s were logged",
+                    entry.kind[:-1],
+                    key,
+                    redact(str(value))[:100],
+                    redact(str(error))[:300],
+                    entry.kind,
+                )
+        self.journal.acknowledge([entry.seq])
+        return 1
 
     def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
         from mlflow.entities import Metric

@@ -64,10 +64,7 @@ class RunLogger:
 
     def log_params(self, params: Mapping[str, object]) -> None:
         names = self._param_names(params)
-        clean = {
-            names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length)
-            for k, v in params.items()
-        }
+        clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()}
         for part in batching.chunks(list(clean.items()), self.limits.params_tags_per_request):
             self.journal.append("params", dict(part))
         self.sender.notify()

@@ -64,9 +64,7 @@ class Sender:
         sender.close("FINISHED", timeout=60)
     """
 
-    def __init__(
-        self, journal: Journal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0
-    ) -> None:
+    def __init__(self, journal: Journal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0) -> None:
         self.journal = journal
         self._tracking_uri = tracking_uri
         self._limits = limits

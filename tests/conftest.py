@@ -9,9 +9,7 @@ import pytest
 
 from tests.support.mlflow_server import MlflowServer
 
-ARTIFACTS = Path(
-    os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts")
-)
+ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
 @pytest.fixture(scope="session")

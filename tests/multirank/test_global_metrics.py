@@ -22,10 +22,7 @@ EPOCHS = 4
 def expected_global(ranks: list[dict]) -> dict[str, list[float]]:
     """Per key, per epoch: the mean over ranks of each rank's own Keras value."""
     keys = ranks[0]["local"][0].keys()
-    return {
-        key: [float(np.mean([r["local"][epoch][key] for r in ranks])) for epoch in range(EPOCHS)]
-        for key in keys
-    }
+    return {key: [float(np.mean([r["local"][epoch][key] for r in ranks])) for epoch in range(EPOCHS)] for key in keys}
 
 
 def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> int:
@@ -152,7 +149,5 @@ def test_one_process_without_horovodrun(tmp_path, mlflow_server, client):
     local = done.rank(0)["local"]
     for key in local[0]:
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
-        assert [(m.step, m.value) for m in history] == [
-            (e, pytest.approx(local[e][key])) for e in range(EPOCHS)
-        ]
+        assert [(m.step, m.value) for m in history] == [(e, pytest.approx(local[e][key])) for e in range(EPOCHS)]
     assert client.get_run(run_id).data.params["world_size"] == "1"

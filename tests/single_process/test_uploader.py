@@ -15,9 +15,7 @@ def journal_for(tmp_path, url: str, **meta) -> Journal:
     journal = Journal.create(tmp_path, {"tracking_uri": url, "run_tags": "{}", **meta})
     journal.append("params", {"epochs": "3"})
     for step in range(3):
-        journal.append(
-            "metrics", {"loss": 1.0 / (step + 1), "acc": step / 3}, step=step, timestamp_ms=1000 + step
-        )
+        journal.append("metrics", {"loss": 1.0 / (step + 1), "acc": step / 3}, step=step, timestamp_ms=1000 + step)
     return journal
 
 

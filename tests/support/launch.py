@@ -57,9 +57,7 @@ def run(
         command = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     start = time.monotonic()
     try:
-        done = subprocess.run(
-            command, env=_env(env), cwd=out_dir, capture_output=True, text=True, timeout=timeout
-        )
+        done = subprocess.run(command, env=_env(env), cwd=out_dir, capture_output=True, text=True, timeout=timeout)
         returncode, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         returncode = -9

@@ -40,9 +40,7 @@ class MlflowServer:
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"mlflow server exited: {(self.workdir / 'server.log').read_text()[-3000:]}"
-                )
+                raise RuntimeError(f"mlflow server exited: {(self.workdir / 'server.log').read_text()[-3000:]}")
             if self.healthy():
                 return self
             time.sleep(0.5)

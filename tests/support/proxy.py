@@ -33,6 +33,7 @@ class Recorded:
     headers: dict[str, str]
     body: bytes
     status: int  # 0: no answer was given (reset or dropped)
+    client: str = ""
 
     def json(self) -> dict:
         return json.loads(self.body or b"{}")
@@ -64,6 +65,8 @@ Fault = Callable[["Recorded"], "Respond | Delay | str | None"]
 
 
 class Proxy:
+    scheme = "http"
+
     def __init__(self, upstream: str, fault: Fault | None = None, port: int = 0, host: str = "127.0.0.1"):
         self.upstream = urlsplit(upstream)
         self.fault = fault
@@ -73,13 +76,17 @@ class Proxy:
         self._host = host
         self._server = self._bind(port)
         self.port = self._server.server_address[1]
-        self.url = f"http://{host}:{self.port}"
+        self.url = f"{self.scheme}://{host}:{self.port}"
 
     # -- life cycle ------------------------------------------------------------------------------------
     def _bind(self, port: int) -> ThreadingHTTPServer:
         server = ThreadingHTTPServer((self._host, port), self._handler_class())
         server.daemon_threads = True
         return server
+
+    def intercept(self, request: Recorded) -> Respond | Delay | str | None:
+        """What to do with ``request`` (subclasses add rules; the default asks the fault hook)."""
+        return self.fault(request) if self.fault else None
 
     def _serve(self) -> None:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -159,10 +166,10 @@ class Proxy:
 
             def _handle(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                request = Recorded(self.command, self.path, dict(self.headers), body, 0)
+                request = Recorded(self.command, self.path, dict(self.headers), body, 0, self.client_address[0])
                 with proxy._lock:
                     proxy.requests.append(request)
-                action = proxy.fault(request) if proxy.fault else None
+                action = proxy.intercept(request)
                 if isinstance(action, Delay):
                     time.sleep(action.seconds)
                     action = None

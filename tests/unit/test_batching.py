@@ -4,10 +4,7 @@ from hvd_mlflow.batching import EpochRecord, chunks, metric_requests
 
 
 def records(n: int, keys: int, start: int = 0) -> list[EpochRecord]:
-    return [
-        EpochRecord(s, 1000 + s, {f"m{k}": float(s * k) for k in range(keys)})
-        for s in range(start, start + n)
-    ]
+    return [EpochRecord(s, 1000 + s, {f"m{k}": float(s * k) for k in range(keys)}) for s in range(start, start + n)]
 
 
 def test_one_epoch_one_request():

@@ -13,9 +13,7 @@ from hvd_mlflow.sender import Backoff
 
 def test_entries_survive_reopen_in_order_and_acknowledgements_stick(tmp_path):
     journal = Journal.create(tmp_path, {"tracking_uri": "http://x"})
-    seqs = [
-        journal.append("metrics", {"loss": 1.0 / (s + 1)}, step=s, timestamp_ms=100 + s) for s in range(5)
-    ]
+    seqs = [journal.append("metrics", {"loss": 1.0 / (s + 1)}, step=s, timestamp_ms=100 + s) for s in range(5)]
     journal.acknowledge(seqs[:2])
     journal.close()
     again = Journal.open(find(tmp_path)[0])
@@ -34,9 +32,7 @@ def test_journal_file_is_owner_only(tmp_path):
 
 def test_nan_and_inf_round_trip(tmp_path):
     journal = Journal.create(tmp_path, {})
-    journal.append(
-        "metrics", {"a": float("nan"), "b": float("inf"), "c": -float("inf")}, step=0, timestamp_ms=1
-    )
+    journal.append("metrics", {"a": float("nan"), "b": float("inf"), "c": -float("inf")}, step=0, timestamp_ms=1)
     payload = journal.pending()[0].payload
     assert math.isnan(payload["a"]) and payload["b"] == math.inf and payload["c"] == -math.inf
 

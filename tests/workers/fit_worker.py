@@ -18,6 +18,8 @@ import json
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,9 +43,7 @@ def save(out: Path) -> None:
 def spy(args: argparse.Namespace) -> None:
     """Record Keras' own local logs and the callbacks' time, around Keras' callback dispatch."""
     callback_list = keras_module.callbacks.CallbackList
-    originals = {
-        name: getattr(callback_list, name) for name in ("on_epoch_end", "on_train_begin", "on_train_end")
-    }
+    originals = {name: getattr(callback_list, name) for name in ("on_epoch_end", "on_train_begin", "on_train_end")}
 
     def on_epoch_end(self, epoch, logs=None):
         record["local"].append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
@@ -70,6 +70,28 @@ def spy(args: argparse.Namespace) -> None:
     callback_list.on_epoch_end = on_epoch_end
     callback_list.on_train_begin = timed("on_train_begin")
     callback_list.on_train_end = timed("on_train_end")
+
+
+def audit_connections() -> None:
+    """Record every address this process connects to or looks up (Python sockets: MLflow, requests)."""
+    record["connects"], record["lookups"] = [], []
+
+    def hook(event, args):
+        if event == "socket.connect" and isinstance(args[1], tuple):
+            record["connects"].append([str(args[1][0]), int(args[1][1])])
+        elif event == "socket.getaddrinfo":
+            record["lookups"].append(str(args[0]))
+
+    sys.addaudithook(hook)
+
+
+class UserLogging(keras.callbacks.Callback):
+    """What many user scripts do on every rank: their own mlflow.log_metric each epoch."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        import mlflow
+
+        mlflow.log_metric("user_metric", float(hvd.rank() * 100 + epoch), step=epoch)
 
 
 def data(rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +141,17 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=0, help="extra params to log")
     parser.add_argument("--epoch-sleep", type=float, default=0.0)
     parser.add_argument("--kill-rank0-at-epoch", type=int, default=-1)
+    parser.add_argument("--audit", action="store_true", help="record every socket connect and lookup")
+    parser.add_argument("--stray-writers", action="store_true", help="mlflow.log_metric + mlflow autolog on all ranks")
+    parser.add_argument("--no-validation", action="store_true")
     args = parser.parse_args()
+    if args.audit:
+        audit_connections()
 
+    if args.stray_writers:  # as many scripts do, before anything else (so before hvd_mlflow.autolog)
+        import mlflow.tensorflow
+
+        mlflow.tensorflow.autolog()
     hvd.init()
     logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
@@ -144,12 +175,24 @@ def main() -> None:
         callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
     if args.explicit_callback or extra:
         callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
+    if args.stray_writers:
+        callbacks.append(UserLogging())
     history = model.fit(
-        x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=callbacks, verbose=0
+        x,
+        y,
+        batch_size=16,
+        epochs=args.epochs,
+        validation_data=None if args.no_validation else (xv, yv),
+        callbacks=callbacks,
+        verbose=0,
     )
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     record["size"] = hvd.size()
     record["finished"] = True
+    record["threads"] = sorted(t.name for t in threading.enumerate())
+    auth = sys.modules.get("azureml.mlflow._common._authentication.azureml_token_authentication")
+    record["azureml_plugin_loaded"] = auth is not None
+    record["token_refresh_daemon"] = bool(auth and auth.AzureMLTokenAuthentication._daemon is not None)
     save(args.out)
 
 

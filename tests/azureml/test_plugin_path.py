@@ -1,0 +1,94 @@
+"""The real azureml-mlflow plugin, offline: 2 real Horovod ranks in an AzureML-like job environment, talking
+HTTPS to a faithful AzureML front (tests/support/azureml_front.py) in front of a real mlflow server."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support import launch
+from tests.support.azureml_front import AzureMLFront
+from tests.support.checks import FAST_RETRIES, check_run, report
+from tests.support.proxy import Delay, Respond
+
+pytestmark = [pytest.mark.multirank, pytest.mark.azureml, pytest.mark.timeout(600)]
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def job(client, front: AzureMLFront, tmp_path, args: list[str], **extra: str):
+    experiment_id = client.create_experiment(f"azureml-job-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment_id).info.run_id  # the control plane creates the job's run
+    env = {**FAST_RETRIES, **front.job_environment(run_id, experiment_id), **extra}
+    done = launch.run(tmp_path, args, env=env, timeout=400).check()
+    return run_id, [done.rank(0), done.rank(1)], done
+
+
+@pytest.fixture
+def front(mlflow_server, tmp_path):
+    with AzureMLFront(mlflow_server.url, tmp_path / "tls") as front:
+        yield front
+
+
+def test_job_logs_global_values_from_rank0_only_through_the_plugin(tmp_path, client, front):
+    epochs = 4
+    run_id, ranks, done = job(client, front, tmp_path, ["--epochs", str(epochs), "--audit", "--stray-writers"])
+    # every request was authenticated as AzureML requires, from loopback
+    assert front.rejected == []
+    assert front.requests and all(r.client == "127.0.0.1" for r in front.requests)
+    assert all(r.headers["Authorization"].startswith("Bearer ey") for r in front.requests)
+    assert all("azureml-mlflow/" in r.headers["User-Agent"] for r in front.requests)
+    # each process connected and looked up loopback only; rank 1 never connected to the tracking server
+    for r in ranks:
+        assert {host for host, _ in r["connects"]} <= LOOPBACK, r["connects"]
+        assert set(r["lookups"]) <= LOOPBACK, r["lookups"]
+    assert not [c for c in ranks[1]["connects"] if c[1] == front.port]
+    # the plugin's token-refresh thread runs on rank 0 only; rank 1 runs no thread of MLflow's or ours
+    assert ranks[0]["token_refresh_daemon"] and not ranks[1]["token_refresh_daemon"]
+    assert ranks[1]["threads"] == ["MainThread"]
+    # global values, steps 0..E-1, every point once, even with mlflow.log_metric and mlflow.tensorflow.autolog
+    # called on every rank (rank 1's were made no-ops, rank 0's autolog does not log epoch metrics)
+    user_metric = {"user_metric": [float(e) for e in range(epochs)]}  # rank 0's own values only
+    counts = check_run(client, run_id, ranks, epochs, extra_keys=user_metric)
+    keras_keys = set(ranks[0]["local"][0])
+    batches = [r for r in front.log_batches() if any(m["key"] in keras_keys for m in r.metrics)]
+    assert 1 <= len(batches) <= epochs
+    assert "mlflow.log_metric() on rank 1 does nothing" in done.output
+    # the job's run is AzureML's: never ended, renamed or re-pointed
+    assert not [r for r in front.requests if r.path.endswith(("/runs/update", "/runs/create", "/experiments/create"))]
+    assert client.get_run(run_id).info.status == "RUNNING"
+    report("azureml_plugin_path", requests=len(front.requests), metric_requests_with_keras_keys=len(batches),
+           rank1_connections_to_tracking=0, **counts)  # fmt: skip
+
+
+def test_throttling_is_survived_with_nothing_lost(tmp_path, client, front):
+    count = {"n": 0, "429": 0}
+
+    def every_other_429(request):
+        count["n"] += 1
+        if count["n"] % 2 == 0:
+            count["429"] += 1
+            return Respond(429, {"Retry-After": "1"}, b'{"error_code": "REQUEST_LIMIT_EXCEEDED"}')
+        return None
+
+    front.fault = every_other_429
+    run_id, ranks, _ = job(client, front, tmp_path, ["--epochs", "5", "--epoch-sleep", "0.3"])
+    assert count["429"] >= 2
+    counts = check_run(client, run_id, ranks, 5)
+    report("azureml_429", answered_429=count["429"], **counts)
+
+
+def test_a_sender_far_behind_never_trips_the_250_values_limit(tmp_path, client, front):
+    """300 one-step epochs against a front that takes 1 s per request: the sender packs epochs, but never more
+    than 250 values of a key into one request (AzureML would answer 400)."""
+    front.fault = lambda request: Delay(1.0) if request.is_log_batch else None
+    epochs = 300
+    run_id, ranks, _ = job(client, front, tmp_path, ["--epochs", str(epochs), "--samples", "16", "--no-validation"])
+    statuses = [r.status for r in front.log_batches()]
+    assert 400 not in statuses
+    per_request = [len({m["step"] for m in r.metrics}) for r in front.log_batches() if r.metrics]
+    assert max(per_request) > 1 and max(per_request) <= 250  # packed, within the limit
+    counts = check_run(client, run_id, ranks, epochs)
+    report("azureml_250_limit", epochs=epochs, requests=len(per_request), max_epochs_per_request=max(per_request),
+           **counts)  # fmt: skip
