@@ -29,7 +29,7 @@ fi
 
 [ -x "$venv/bin/python" ] || { log "creating $venv with $python"; "$python" -m venv "$venv"; }
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
-pip install -c "$constraints" setuptools wheel
+pip install -c "$constraints" pip setuptools wheel
 
 tf=$(pin tensorflow-cpu)
 log "installing tensorflow-cpu==$tf"

@@ -1,0 +1,239 @@
+"""hvd-mlflow benchmarks: what logging costs a 2-rank Horovod training, side by side, in one run.
+
+    python bench/run.py --quick            # a minute or two; what CI runs
+    python bench/run.py                    # the full numbers (bench/README.md)
+
+Run it with the python of the environment to measure (scripts/bench.sh runs both pinned environments).
+Everything talks to a real `mlflow server` on 127.0.0.1, through a proxy that adds latency to each request and
+counts requests. Results are printed as ratios and written as JSON (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlflow import MlflowClient  # noqa: E402
+
+from tests.support.mlflow_server import MlflowServer, free_port  # noqa: E402
+from tests.support.proxy import Delay, Proxy  # noqa: E402
+
+BIN = Path(sys.executable).parent
+VARIANTS = ("none", "seed", "mlflow", "hvd")
+
+
+def environment() -> dict:
+    import tensorflow as tf
+
+    flavour = tf.keras.Model.__module__.split(".", 1)[0]
+    return {
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "keras": flavour,
+        "tf_use_legacy_keras": os.environ.get("TF_USE_LEGACY_KERAS", ""),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+    }
+
+
+def seed_recipe_available() -> bool:
+    """Horovod's MetricAverageCallback only works with TF <= 2.15's Keras 2."""
+    import tensorflow as tf
+
+    return tf.__version__.startswith("2.15")
+
+
+def run_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_"))}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **extra)
+    return env
+
+
+def launch(script: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
+    command = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+               str(ROOT / "bench" / script), *args]  # fmt: skip
+    done = subprocess.run(command, env=run_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{script} failed:\n{(done.stdout + done.stderr)[-4000:]}")
+    return done.stdout
+
+
+def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs: int, work: Path) -> list[dict]:
+    client = MlflowClient(server.url)
+    variants = [v for v in VARIANTS if v != "seed" or seed_recipe_available()]
+    rows = []
+    for latency in latencies:
+        samples: dict[str, list[dict]] = {v: [] for v in variants}
+        for repeat in range(repeats):
+            order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]  # rotate: no drift bias
+            for variant in order:
+                run_id = client.create_run(client.create_experiment(f"bench-{uuid.uuid4().hex[:8]}")).info.run_id
+                out = Path(tempfile.mkdtemp(dir=work))
+                fault = (lambda r, d=latency: Delay(d)) if latency else None
+                with Proxy(server.url, fault=fault) as proxy:
+                    launch("overhead_worker.py", ["--variant", variant, "--epochs", str(epochs), "--out", str(out)],
+                           {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id}, out)  # fmt: skip
+                    requests = len(proxy.requests)
+                result = json.loads((out / "result.json").read_text())
+                found = csv_points(out, result, epochs) if variant == "seed" else points(client, run_id, result, epochs)
+                samples[variant].append({**result, "requests": requests, **found})
+        baseline = [s["fit_seconds"] for s in samples["none"]]
+        for variant in variants:
+            ratios = [s["fit_seconds"] / b for s, b in zip(samples[variant], baseline, strict=True)]
+            without_flush = [
+                (s["fit_seconds"] - s["end_of_fit_flush_s"]) / b
+                for s, b in zip(samples[variant], baseline, strict=True)
+            ]
+            last = samples[variant][-1]
+            rows.append({
+                "latency_ms": int(latency * 1000), "variant": variant,
+                "fit_ratio_median": statistics.median(ratios), "fit_ratio_min": min(ratios),
+                "fit_ratio_max": max(ratios), "fit_ratio_without_end_flush": statistics.median(without_flush),
+                "fit_seconds_median": statistics.median(s["fit_seconds"] for s in samples[variant]),
+                "end_of_fit_flush_s_median": statistics.median(s["end_of_fit_flush_s"] for s in samples[variant]),
+                "requests_per_epoch": last["requests"] / epochs,
+                "points_per_metric_epoch": last["points_per_metric_epoch"], "values_global": last["values_global"],
+            })  # fmt: skip
+    return rows
+
+
+KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
+
+
+def points(client: MlflowClient, run_id: str, result: dict, epochs: int) -> dict:
+    """Points per (metric, epoch) in the run, and whether they all hold the global values."""
+    by_key = {}
+    for key in KEYS:
+        by_key[key] = [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+    return judge(by_key, result["local"], epochs)
+
+
+def csv_points(out: Path, result: dict, epochs: int) -> dict:
+    """The seed recipe's CSV (rank 0's CSVLogger after MetricAverageCallback)."""
+    import csv
+
+    path = out / "training_metrics.csv"
+    rows = list(csv.DictReader(path.open())) if path.exists() else []
+    by_key = {key: [(int(r["epoch"]), float(r[key])) for r in rows if key in r] for key in KEYS}
+    return judge(by_key, result["local"], epochs)
+
+
+def judge(by_key: dict[str, list[tuple[int, float]]], local: list[list[dict]], epochs: int) -> dict:
+    if not any(by_key.values()):
+        return {"points_per_metric_epoch": 0.0, "values_global": None}
+    counts, ok = [], True
+    for key, found in by_key.items():
+        counts.append(len(found) / epochs)
+        for step, value in found:
+            ok &= abs(value - statistics.mean(rank[step][key] for rank in local)) < 1e-6
+        ok &= {s for s, _ in found} == set(range(epochs))
+    return {"points_per_metric_epoch": statistics.mean(counts), "values_global": bool(ok)}
+
+
+def reduction(counts: list[int], repeats: int, work: Path) -> dict:
+    output = launch("reduce_worker.py", [",".join(map(str, counts)), str(repeats)], {}, work)
+    result = json.loads(next(line for line in output.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
+    return {int(k): {**v, "speedup": v["per_key"] / v["fused"]} for k, v in result.items()}
+
+
+def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
+    """Time from an epoch's end (journal append) to its point being readable from the server."""
+    from hvd_mlflow.destination import Destination
+    from hvd_mlflow.run_logger import RunLogger
+
+    client = MlflowClient(server.url)
+    run_id = client.create_run(client.create_experiment(f"bench-vis-{uuid.uuid4().hex[:8]}")).info.run_id
+    run_logger = RunLogger(Destination(server.url, run_id, None, None, False), work / "vis-journal")
+    delays = []
+    for step in range(samples):
+        start = time.perf_counter()
+        run_logger.log_metrics(step, {"loss": 1.0 / (step + 1), "accuracy": step / samples})
+        while not any(m.step == step for m in client.get_metric_history(run_id, "loss")):
+            time.sleep(0.005)
+        delays.append(time.perf_counter() - start)
+        time.sleep(0.05)
+    run_logger.close("FINISHED", timeout=30)
+    return {"median_s": statistics.median(delays), "max_s": max(delays), "samples": samples}
+
+
+def memory(server: MlflowServer, epochs: int, metrics: int, work: Path) -> dict:
+    client = MlflowClient(server.url)
+    run_id = client.create_run(client.create_experiment(f"bench-mem-{uuid.uuid4().hex[:8]}")).info.run_id
+    journal_dir = work / "mem-journal"
+    dead = f"http://127.0.0.1:{free_port()}"
+    command = [sys.executable, str(ROOT / "bench" / "memory_worker.py"), str(epochs), str(metrics), str(journal_dir),
+               dead, run_id]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=run_env({}), timeout=3600)
+    result = json.loads(next(line for line in done.stdout.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
+    start = time.perf_counter()
+    sync = subprocess.run([str(BIN / "hvd-mlflow"), "sync", result["journal"], "--tracking-uri", server.url],
+                          capture_output=True, text=True, env=run_env({}), timeout=3600)  # fmt: skip
+    result["sync_s"] = time.perf_counter() - start
+    assert sync.returncode == 0, sync.stderr
+    history = client.get_metric_history(run_id, "m000")
+    result["points_after_sync"] = len(history)
+    result["epochs"], result["metrics"] = epochs, metrics
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
+    parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = parser.parse_args()
+    quick = args.quick
+    results: dict = {"environment": environment(), "mode": "quick" if quick else "full", "command": " ".join(sys.argv)}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        server = MlflowServer(work / "server").start()
+        try:
+            results["overhead"] = overhead(server, [0.0, 0.1] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
+                                           10 if quick else 60, work)  # fmt: skip
+            results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
+            results["visibility"] = visibility(server, 5 if quick else 30, work)
+            results["memory"] = memory(server, 1000 if quick else 10000, 100, work)
+        finally:
+            server.stop()
+    report(results)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+def report(results: dict) -> None:
+    env = results["environment"]
+    print(f"\n== hvd-mlflow benchmark ({results['mode']}): TF {env['tensorflow']}, {env['keras']}, {env['cpus']} CPUs")
+    print(f"{'latency':>8} {'variant':>7} {'fit/none':>9} {'(min-max)':>13} {'w/o flush':>9} {'flush s':>8} "
+          f"{'req/epoch':>9} {'pts/metric/epoch':>16} {'global':>6}")  # fmt: skip
+    for r in results["overhead"]:
+        print(f"{r['latency_ms']:>6}ms {r['variant']:>7} {r['fit_ratio_median']:>9.3f} "
+              f"{r['fit_ratio_min']:>6.3f}-{r['fit_ratio_max']:<6.3f} {r['fit_ratio_without_end_flush']:>9.3f} "
+              f"{r['end_of_fit_flush_s_median']:>8.3f} {r['requests_per_epoch']:>9.2f} "
+              f"{r['points_per_metric_epoch']:>16.2f} {str(r['values_global']):>6}")  # fmt: skip
+    print("\nreduction per epoch end (2 ranks), microseconds:")
+    for keys, r in results["reduction_us"].items():
+        print(f"  {keys:>5} keys: fused {r['fused']:>9.0f}   per-key {r['per_key']:>10.0f}   x{r['speedup']:>6.1f}")
+    v = results["visibility"]
+    print(
+        f"\nepoch end -> readable on the server: median {v['median_s'] * 1000:.0f} ms, max {v['max_s'] * 1000:.0f} ms"
+    )
+    m = results["memory"]
+    rss = ", ".join(f"{s['epoch']} epochs: {s['rss_mb']:.0f} MB" for s in m["samples"])
+    print(f"\nserver down, {m['epochs']} epochs x {m['metrics']} metrics: RSS {rss}; journal {m['journal_mb']:.1f} MB;"
+          f" append {m['append_ms']:.2f} ms/epoch; sync {m['sync_s']:.1f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
