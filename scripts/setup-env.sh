@@ -66,9 +66,9 @@ log "installing hvd-mlflow (editable) with the test and azureml extras"
 pip install -c "$constraints" -e "$root[test,azureml]"
 
 "$venv/bin/python" - <<'PY' >&2
-import horovod.tensorflow as hvd, tensorflow as tf, mlflow, numpy
-print("tensorflow", tf.__version__, "| horovod", hvd.__version__ if hasattr(hvd, "__version__") else "?",
-      "| mlflow", mlflow.__version__, "| numpy", numpy.__version__)
+import horovod, horovod.tensorflow, tensorflow as tf, mlflow, numpy
+print("tensorflow", tf.__version__, "| horovod", horovod.__version__, "| mlflow", mlflow.__version__,
+      "| numpy", numpy.__version__)
 PY
 echo "$want" > "$stamp"
 echo "$venv"

@@ -31,6 +31,11 @@ pytest_args=(-m "not faults" "$@")
 run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
 run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
 
+echo "== benchmarks, quick mode (TF 2.15: the only environment where the seed recipe runs)"
+t0=$(date +%s)
+"$venv215/bin/python" bench/run.py --quick || status=1
+echo "== benchmarks: $(( $(date +%s) - t0 )) s"
+
 "$venv/bin/python" - "$reports" <<'PY'
 import sys, pathlib, xml.etree.ElementTree as ET
 passed = failed = skipped = 0

@@ -1,0 +1,98 @@
+"""Turn bench/results/*.json into the tables of bench/README.md and the plot docs/overhead.png."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = {
+    "none": "no logging",
+    "seed": "MetricAverageCallback + rank-0 CSVLogger",
+    "mlflow": "mlflow.tensorflow.autolog() on every rank",
+    "hvd": "hvd_mlflow.autolog()",
+}
+
+
+def tables(results: dict[str, dict]) -> str:
+    lines = []
+    for name, r in results.items():
+        env = r["environment"]
+        lines += [
+            f"### {name}: TensorFlow {env['tensorflow']}, {env['keras']}, Python {env['python']}, {env['cpus']} CPUs",
+            "",
+            "| latency | logging | fit time / no logging (median, min-max) | same without the end-of-fit flush | "
+            "end-of-fit flush | requests / epoch | points / (metric, epoch) | global values |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for row in r["overhead"]:
+            is_global = "-" if row["values_global"] is None else row["values_global"]
+            lines.append(
+                f"| {row['latency_ms']} ms | {NAMES[row['variant']]} | {row['fit_ratio_median']:.3f} "
+                f"({row['fit_ratio_min']:.3f}-{row['fit_ratio_max']:.3f}) | {row['fit_ratio_without_end_flush']:.3f} "
+                f"| {row['end_of_fit_flush_s_median']:.2f} s | {row['requests_per_epoch']:.2f} | "
+                f"{row['points_per_metric_epoch']:.2f} | {is_global} |"
+            )
+        lines += [
+            "",
+            "| metric keys | one fused collective | one allreduce per key | speed-up |",
+            "| --- | --- | --- | --- |",
+        ]
+        for keys, red in r["reduction_us"].items():
+            lines.append(f"| {keys} | {red['fused']:.0f} µs | {red['per_key']:.0f} µs | {red['speedup']:.0f}x |")
+        v, m = r["visibility"], r["memory"]
+        rss = ", ".join(f"{s['rss_mb']:.0f} MB after {s['epoch']}" for s in m["samples"])
+        lines += [
+            "",
+            f"- Epoch end to point readable on the server: median {v['median_s'] * 1000:.0f} ms, "
+            f"max {v['max_s'] * 1000:.0f} ms ({v['samples']} samples, healthy local server).",
+            f"- Server down for {m['epochs']} epochs x {m['metrics']} metrics: rank 0's resident memory {rss} epochs; "
+            f"journal {m['journal_mb']:.1f} MB; {m['append_ms']:.2f} ms per journaled epoch; "
+            f"`hvd-mlflow sync` then uploaded it in {m['sync_s']:.0f} s ({m['points_after_sync']} points per metric).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items(), strict=True):
+        for variant in ("seed", "mlflow", "hvd"):
+            rows = [row for row in r["overhead"] if row["variant"] == variant]
+            if rows:
+                ax.plot([row["latency_ms"] for row in rows], [row["fit_ratio_median"] for row in rows], "o-",
+                        label=NAMES[variant])  # fmt: skip
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set(title=name, xlabel="tracking latency per request (ms)", ylabel="fit time / no logging")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--no-write", action="store_true", help="print the tables only")
+    args = parser.parse_args()
+    results = {p.stem: json.loads(p.read_text()) for p in sorted(args.folder.glob("*.json"))}
+    text = tables(results)
+    print(text)
+    if args.no_write:
+        return
+    readme = ROOT / "bench" / "README.md"
+    body = readme.read_text()
+    body = re.sub(r"(<!-- results -->\n).*(<!-- /results -->)", lambda m: m[1] + text + "\n" + m[2], body, flags=re.S)
+    readme.write_text(body)
+    plot(results, ROOT / "docs" / "overhead.png")
+
+
+if __name__ == "__main__":
+    main()
