@@ -9,6 +9,7 @@ of its own break the user's ``fit``: if the callback cannot be built, ``fit`` ru
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,6 +21,7 @@ from .config import Options
 
 _originals: dict[type, Callable[..., Any]] = {}
 _settings: dict[str, Any] | None = None
+_csv_path: dict[str, str] = {"path": ""}
 
 
 def autolog(
@@ -31,6 +33,7 @@ def autolog(
     run_wait: float | None = None,
     journal_dir: str | None = None,
     guard_other_ranks: bool | None = None,
+    csv_path: str | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -64,6 +67,9 @@ def autolog(
             ``mlflow.autolog`` and ``mlflow.<flavour>.autolog`` no-ops with one warning, since every rank of an
             AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on). MLflow's own
             TensorFlow/Keras autologging is turned off on every rank (it would log every metric twice).
+        csv_path: rank 0 also writes the global values there with Keras' own ``CSVLogger`` (the format of the
+            usual ``MetricAverageCallback`` + ``CSVLogger`` recipe), appending when ``fit`` resumes
+            (``HVD_MLFLOW_CSV_PATH``).
     """
     global _settings
     if disable:
@@ -82,6 +88,7 @@ def autolog(
         "journal_dir": journal_dir,
         "run_id": destination.run_id_from_environment(),
     }
+    _csv_path["path"] = Options.resolve(csv_path=csv_path).csv_path
     if Options.resolve(guard_other_ranks=guard_other_ranks).guard_other_ranks:
         import mlflow
 
@@ -112,7 +119,7 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
             if captured_run_id and not callback._captured_run_id:
                 callback._captured_run_id = captured_run_id
             callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
-            bound.arguments["callbacks"] = [callback, *callbacks]
+            bound.arguments["callbacks"] = [callback, *_csv_logger(self, bound.arguments), *callbacks]
         except Exception as error:  # noqa: BLE001 - never break the user's fit
             logger.warning("hvd-mlflow: fit runs without hvd-mlflow logging: %s", error)
             return original(self, *args, **kwargs)
@@ -126,6 +133,15 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
+
+
+def _csv_logger(model: Any, arguments: Mapping[str, Any]) -> list[Any]:
+    """Keras' own CSVLogger on rank 0, right after hvd-mlflow's callback (so it writes global values)."""
+    if not _csv_path["path"] or topology.current().rank != 0:
+        return []
+    module = importlib.import_module(keras_flavour.of_model(model))
+    resume = bool(arguments.get("initial_epoch"))
+    return [module.callbacks.CSVLogger(_csv_path["path"], append=resume)]
 
 
 def _batch_size(arguments: Mapping[str, Any]) -> int | None:

@@ -58,6 +58,12 @@ class HorovodMlflowCallback:
 
     def __init__(self, *, model: Any = None, flavour: str | None = None, **options: Any) -> None:
         super().__init__()
+        for name in ("guard_other_ranks", "csv_path"):
+            if name in options:
+                raise TypeError(
+                    f"{name} is an option of hvd_mlflow.autolog(); with the callback alone, add "
+                    "keras.callbacks.CSVLogger after it on rank 0 yourself"
+                )
         self.options = Options.resolve(**options)
         set_silent(self.options.silent)
         self.run_id: str | None = None

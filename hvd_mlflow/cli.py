@@ -101,6 +101,33 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
         journal.close()
 
 
+@main.command("import-csv")
+@click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--run-id", help="Import into this run.")
+@click.option("--experiment", help="Import into a run of this experiment (created on the first import).")
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="Default: MLFLOW_TRACKING_URI, else MLflow's.")
+def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, tracking_uri: str | None) -> None:
+    """Upload a Keras CSVLogger file (the seed recipe's training_metrics.csv) into a run, at step = epoch.
+
+    Safe to run again: points already in the run are not sent twice, and with --experiment the same file goes
+    to the same run (found by the file's checksum tag).
+    """
+    from .csv_import import import_csv as do_import
+
+    if bool(run_id) == bool(experiment):
+        raise click.UsageError("give exactly one of --run-id and --experiment")
+    with click.progressbar(length=0, label=f"{csv_file.name}: epochs", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.length = total
+            bar.update(done - bar.pos)
+
+        result = do_import(
+            csv_file, run_id=run_id, experiment=experiment, tracking_uri=tracking_uri, on_progress=progress
+        )
+    click.echo(f"{csv_file}: {result.sent} points sent, {result.already} already there, into run {result.run_id}")
+
+
 def _writer_alive(meta: dict) -> bool:
     """Whether the process that writes this journal is still alive on this host."""
     if meta.get("host") != socket.gethostname() or not meta.get("pid"):

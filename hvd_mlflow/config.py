@@ -26,6 +26,8 @@ class Options:
         journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
             directory); ``hvd-mlflow sync`` looks there by default.
         silent: no warnings from hvd-mlflow (errors are still raised).
+        csv_path: with ``autolog()``, rank 0 also writes the global values to this file with Keras' own
+            ``CSVLogger`` (the seed recipe's format), so existing pandas notebooks keep working.
         guard_other_ranks: with ``autolog()``, MLflow writes from user code on ranks other than 0 do nothing
             (see :mod:`hvd_mlflow.guard`).
     """
@@ -37,6 +39,7 @@ class Options:
     journal_dir: str = ""
     silent: bool = False
     guard_other_ranks: bool = True
+    csv_path: str = ""
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:

@@ -151,3 +151,38 @@ def test_one_process_without_horovodrun(tmp_path, mlflow_server, client):
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         assert [(m.step, m.value) for m in history] == [(e, pytest.approx(local[e][key])) for e in range(EPOCHS)]
     assert client.get_run(run_id).data.params["world_size"] == "1"
+
+
+def test_csv_sidecar_in_keras_format_and_import_csv(tmp_path, mlflow_server, client):
+    """autolog(csv_path=...) writes the global values on rank 0 only, in CSVLogger's format; import-csv brings
+    that file into a run, at step = epoch, and a second import adds nothing."""
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    experiment = client.create_experiment(f"csv-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment).info.run_id
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id, "HVD_MLFLOW_CSV_PATH": "metrics.csv"}
+    done = launch.run(tmp_path, ["--epochs", str(EPOCHS)], env=env).check()
+    ranks = [done.rank(0), done.rank(1)]
+    expected = expected_global(ranks)
+    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    assert list(rows[0]) == ["epoch", *sorted(expected)]  # CSVLogger: epoch, then the keys sorted
+    for epoch, row in enumerate(rows):
+        assert int(row["epoch"]) == epoch
+        for key, values in expected.items():
+            assert float(row[key]) == pytest.approx(values[epoch], rel=1e-6)
+    name = f"imported-{uuid.uuid4().hex[:8]}"
+    command = [str(Path(sys.executable).parent / "hvd-mlflow"), "import-csv", str(tmp_path / "metrics.csv"),
+               "--experiment", name, "--tracking-uri", mlflow_server.url]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert f"{EPOCHS * len(expected)} points sent" in first.stdout
+    assert "0 points sent" in again.stdout
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    for key, values in expected.items():
+        history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+        assert [m.step for m in history] == list(range(EPOCHS))
+        assert [m.value for m in history] == pytest.approx(values, rel=1e-6)

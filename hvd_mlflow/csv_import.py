@@ -1,0 +1,100 @@
+"""Bring a Keras ``CSVLogger`` file into an MLflow run: one point per column per epoch, at ``step = epoch``.
+
+The points go through an in-memory journal and the same uploader as live training, so requests stay within
+MLflow's and AzureML's limits and are retried the same way. Re-running adds nothing: the run is found again by
+the file's checksum (a tag), and points already in the run are not sent.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from .aggregate import scalar
+from .delivery import JOURNAL_ID_TAG, Uploader
+from .journal import Journal
+from .limits import for_tracking_uri
+from .names import NameMap
+
+
+@dataclasses.dataclass(frozen=True)
+class Imported:
+    run_id: str
+    sent: int
+    already: int
+
+
+def read_csv_logger(path: Path) -> list[dict[str, float]]:
+    """Rows of a CSVLogger file as ``{"epoch": e, key: value, ...}``; empty and ``NA`` cells are left out."""
+    with path.open(newline="") as handle:
+        sample = handle.read(4096)
+        handle.seek(0)
+        dialect = csv.Sniffer().sniff(sample, delimiters=",;\t") if sample else csv.excel
+        rows = []
+        for raw in csv.DictReader(handle, dialect=dialect):
+            if raw.get("epoch") in (None, ""):
+                raise ValueError(f"{path}: no 'epoch' column; is it a Keras CSVLogger file?")
+            row = {"epoch": int(float(raw["epoch"]))}
+            for key, text in raw.items():
+                value = scalar(_number(text))
+                if key != "epoch" and value is not None:
+                    row[key] = value
+            rows.append(row)
+    return rows
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text) if text not in (None, "", "NA") else None
+    except ValueError:
+        return None
+
+
+def import_csv(
+    path: Path,
+    *,
+    run_id: str | None,
+    experiment: str | None,
+    tracking_uri: str | None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> Imported:
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    client = MlflowClient(uri)
+    rows = read_csv_logger(path)
+    checksum = hashlib.sha256(path.read_bytes()).hexdigest()
+    journal = Journal.in_memory({
+        "tracking_uri": uri, "run_id": run_id, "experiment_name": experiment, "journal_id": checksum,
+        "create_attempted": "1",  # look for the run of an earlier import of the same file first
+        "run_tags": json.dumps({"hvd_mlflow.source": "import-csv", "hvd_mlflow.csv_file": path.name}),
+        "final_status": "FINISHED",
+    })  # fmt: skip
+    uploader = Uploader(journal, client, for_tracking_uri(uri))
+    run = uploader.ensure_run()
+    names = NameMap(what="metric")(sorted({k for row in rows for k in row if k != "epoch"}))
+    present = {name: {m.step for m in client.get_metric_history(run, name)} for name in names.values()}
+    now = int(time.time() * 1000)
+    sent = already = 0
+    for row in rows:
+        missing = {names[k]: v for k, v in row.items() if k != "epoch" and row["epoch"] not in present[names[k]]}
+        already += len(row) - 1 - len(missing)
+        if missing:
+            journal.append("metrics", missing, step=row["epoch"], timestamp_ms=now + row["epoch"])
+            sent += len(missing)
+    total, done = journal.count(), 0
+    while settled := uploader.upload_some():
+        done += settled
+        if on_progress:
+            on_progress(done, total)
+    if uploader.meta.get("created_run") == "1" and not run_id:
+        uploader.finish()
+    journal.close()
+    client.set_tag(run, JOURNAL_ID_TAG, checksum)
+    return Imported(run, sent, already)
