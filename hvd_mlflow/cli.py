@@ -128,6 +128,26 @@ def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, track
     click.echo(f"{csv_file}: {result.sent} points sent, {result.already} already there, into run {result.run_id}")
 
 
+@main.command()
+@click.argument("run_id")
+@click.option("--metrics", "-m", multiple=True, help="Metrics to draw (default: all); repeat the option.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"))
+@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="Default: MLFLOW_TRACKING_URI, else MLflow's.")
+def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str | None) -> None:
+    """Draw a run's training curves to a PNG: each metric with its val_ twin, by epoch."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from .plotting import curves, save_png
+
+    client = MlflowClient(tracking_uri or mlflow.get_tracking_uri())
+    charts = curves(client, run_id, metrics or None)
+    if not charts:
+        raise click.ClickException(f"run {run_id} has no metrics")
+    save_png(charts, output, title=f"run {run_id}")
+    click.echo(f"{output}: {len(charts)} chart(s), {sum(len(s) for s in charts.values())} curve(s)")
+
+
 def _writer_alive(meta: dict) -> bool:
     """Whether the process that writes this journal is still alive on this host."""
     if meta.get("host") != socket.gethostname() or not meta.get("pid"):

@@ -1,0 +1,41 @@
+"""The hvd-mlflow command against the real session server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from mlflow.entities import Metric
+
+from hvd_mlflow.plotting import curves
+
+CLI = str(Path(sys.executable).parent / "hvd-mlflow")
+
+
+def test_plot_draws_each_metric_with_its_validation_twin(tmp_path, mlflow_server, client):
+    run_id = client.create_run(client.create_experiment(f"plot-{uuid.uuid4().hex[:8]}")).info.run_id
+    points = [Metric(k, v * (s + 1), 1000 + s, s) for s in range(3) for k, v in (("loss", 1.0), ("val_loss", 2.0))]
+    client.log_batch(run_id, metrics=[*points, Metric("accuracy", 0.5, 1000, 0)])
+    assert curves(client, run_id) == {
+        "accuracy": {"accuracy": [(0, 0.5)]},
+        "loss": {"loss": [(0, 1.0), (1, 2.0), (2, 3.0)], "val_loss": [(0, 2.0), (1, 4.0), (2, 6.0)]},
+    }
+    out = tmp_path / "curves.png"
+    done = subprocess.run([CLI, "plot", run_id, "-o", str(out), "--tracking-uri", mlflow_server.url],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2 chart(s), 3 curve(s)" in done.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+
+
+def test_sync_with_no_journal_says_so(tmp_path):
+    done = subprocess.run([CLI, "sync"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nothing to upload" in done.stdout
+
+
+def test_every_command_has_help():
+    for command in ([], ["sync"], ["import-csv"], ["plot"]):
+        done = subprocess.run([CLI, *command, "--help"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "Usage:" in done.stdout, command
