@@ -148,6 +148,24 @@ def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str 
     click.echo(f"{output}: {len(charts)} chart(s), {sum(len(s) for s in charts.values())} curve(s)")
 
 
+@main.command()
+def doctor() -> None:
+    """What this environment will do: Python, TensorFlow and Keras flavour, Horovod build, ranks, tracking URI
+    (credentials masked) and whether it answers, the AzureML plugin and job mode, pending journal entries.
+    Exits non-zero when something will not work, saying what to do."""
+    from .doctor import checks
+
+    bad = 0
+    for check in checks():
+        mark = "ok " if check.ok else "!! "
+        click.echo(f"{mark}{check.name:<24} {check.value}")
+        if not check.ok:
+            bad += 1
+            click.echo(f"   {'':<24} -> {check.fix}")
+    if bad:
+        raise SystemExit(1)
+
+
 def _writer_alive(meta: dict) -> bool:
     """Whether the process that writes this journal is still alive on this host."""
     if meta.get("host") != socket.gethostname() or not meta.get("pid"):

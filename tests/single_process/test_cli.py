@@ -36,6 +36,30 @@ def test_sync_with_no_journal_says_so(tmp_path):
 
 
 def test_every_command_has_help():
-    for command in ([], ["sync"], ["import-csv"], ["plot"]):
+    for command in ([], ["sync"], ["import-csv"], ["plot"], ["doctor"]):
         done = subprocess.run([CLI, *command, "--help"], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "Usage:" in done.stdout, command
+
+
+def doctor(cwd, **env):
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_"))}
+    return subprocess.run([CLI, "doctor"], cwd=cwd, env={**clean, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+
+
+def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_server):
+    from hvd_mlflow.journal import Journal
+
+    healthy = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
+    assert healthy.returncode == 0, healthy.stdout
+    assert "/health answered 200" in healthy.stdout and "horovod" in healthy.stdout
+    down = doctor(tmp_path, MLFLOW_TRACKING_URI="http://alice:pw-123456@127.0.0.1:1")
+    assert down.returncode == 1 and "does not answer" in down.stdout and "start the server" in down.stdout
+    assert "pw-123456" not in down.stdout  # credentials masked
+    Journal.create(tmp_path / ".hvd_mlflow" / "journal", {}).append("metrics", {"loss": 1.0}, 0, 1)
+    pending = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
+    assert (
+        pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout
+    )

@@ -1,0 +1,113 @@
+"""What this environment will do with hvd-mlflow, in one screen (``hvd-mlflow doctor``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import platform
+from collections.abc import Callable
+
+from . import destination, journal, keras_flavour, topology
+from .redact import mask_uri
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    value: str
+    ok: bool = True
+    fix: str = ""
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _guard(name: str, fix: str, probe: Callable[[], Check]) -> Check:
+    try:
+        return probe()
+    except Exception as error:  # noqa: BLE001 - a doctor reports, it does not crash
+        return Check(name, f"{type(error).__name__}: {error}"[:200], ok=False, fix=fix)
+
+
+def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> list[Check]:
+    out = [Check("python", platform.python_version())]
+
+    def tensorflow() -> Check:
+        import tensorflow as tf
+
+        flavour = keras_flavour.of_tf_keras()
+        legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+        return Check("tensorflow", f"{tf.__version__}; tf.keras is {flavour} {keras_flavour.version(flavour)} "
+                     f"(TF_USE_LEGACY_KERAS={legacy or 'unset'})")  # fmt: skip
+
+    out.append(_guard("tensorflow", "pip install tensorflow-cpu==2.16.2 (see README support matrix)", tensorflow))
+
+    def horovod() -> Check:
+        import horovod
+        import horovod.tensorflow as hvd
+
+        controllers = [n for n, f in (("gloo", hvd.gloo_built), ("mpi", hvd.mpi_built)) if f()]
+        keras_layer = "broken on Keras 3 (hvd-mlflow does not use it)" if _keras3() else "usable"
+        return Check("horovod", f"{horovod.__version__}; controllers {', '.join(controllers) or 'none'}; "
+                     f"Horovod's Keras callbacks: {keras_layer}", ok=bool(controllers),
+                     fix="rebuild horovod with HOROVOD_WITH_GLOO=1 (scripts/setup-env.sh)")  # fmt: skip
+
+    out.append(_guard("horovod", "build horovod 0.28.1 against this TensorFlow: scripts/setup-env.sh", horovod))
+    where = topology.current()
+    out.append(Check("ranks", f"rank {where.rank} of {where.size} (from {where.source})"))
+    out.append(_guard("mlflow", "pip install 'mlflow-skinny<=3.15.0'", lambda: Check("mlflow", _mlflow_version())))
+
+    def tracking() -> Check:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+        reachable, detail = (probe_server or _probe)(uri)
+        fix = "" if reachable else "start the server or fix MLFLOW_TRACKING_URI; metrics are journaled meanwhile"
+        return Check("tracking URI", f"{mask_uri(uri)} ({detail})", ok=reachable, fix=fix)
+
+    out.append(_guard("tracking URI", "check MLFLOW_TRACKING_URI", tracking))
+    plugin = _version("azureml-mlflow")
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    uses = uri.startswith("azureml:")
+    out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
+                     ok=bool(plugin) or not uses, fix="pip install 'hvd-mlflow[azureml]'"))  # fmt: skip
+    job = destination.is_azureml_job(uri)
+    out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
+    pending = sum(journal.Journal.open(p).count() for p in journal.find())
+    out.append(Check("pending journal entries", f"{pending} in {journal.default_directory()}", ok=pending == 0,
+                     fix="upload them: hvd-mlflow sync" if pending else ""))  # fmt: skip
+    return out
+
+
+def _keras3() -> bool:
+    flavour = keras_flavour.of_tf_keras()
+    return flavour == "keras" and keras_flavour.version("keras").startswith("3")
+
+
+def _mlflow_version() -> str:
+    import mlflow
+
+    return mlflow.__version__
+
+
+def _probe(uri: str) -> tuple[bool, str]:
+    """Whether the tracking store answers (``/health`` for a server, the file for sqlite)."""
+    if uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            response = requests.get(uri.rstrip("/") + "/health", timeout=5)
+            return response.ok, f"/health answered {response.status_code}"
+        except requests.RequestException as error:
+            return False, f"does not answer: {type(error).__name__}"
+    if uri.startswith("sqlite:"):
+        return True, "embedded sqlite store, created on first use"
+    if uri.startswith("azureml:"):
+        return bool(os.environ.get("MLFLOW_TRACKING_TOKEN")), "azureml: needs MLFLOW_TRACKING_TOKEN in the job"
+    return True, "not probed"
