@@ -11,7 +11,7 @@ import time
 import horovod.tensorflow as hvd
 import numpy as np
 
-from hvd_mlflow.aggregate import MeanReducer
+from hvd_mlflow.aggregate import Reducer
 from hvd_mlflow.collectives import Horovod
 
 
@@ -23,7 +23,7 @@ def main() -> None:
     hvd.init()
     counts = [int(c) for c in sys.argv[1].split(",")]
     repeats = int(sys.argv[2])
-    reducer = MeanReducer(Horovod(hvd))
+    reducer = Reducer(Horovod(hvd), mode="mean")  # the values alone, as per-key allreduce does
     results = {}
     for count in counts:
         values = {f"metric_{i:04d}": float(i + hvd.rank()) for i in range(count)}

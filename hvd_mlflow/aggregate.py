@@ -1,24 +1,34 @@
 """Turn each rank's epoch logs into global values with one collective.
 
-Every rank takes the numeric entries of its logs in sorted key order and appends a signature of that key
-list (a 20-bit hash ``h`` and ``h*h``). One float64 sum-allreduce of that vector gives the sums of every
-value and lets every rank check, at no extra cost, that all ranks had the same keys: the sums equal
-``size*h`` and ``size*h*h`` only if every rank's ``h`` is the same. When they differ (or Horovod refuses
-vectors of different lengths), one ``allgather_object`` of the key lists builds an error that names the keys
-each rank lacks, raised on every rank: never a silent mix of different metrics, never a hang.
+Every rank packs, in one float64 vector: the numeric entries of its logs in sorted key order; each value times
+the number of samples it was measured on, and that number; the state of its Keras metrics (training state and
+validation state, see :mod:`hvd_mlflow.metric_state`); and a signature of all that layout (a 20-bit hash ``h``
+and ``h*h``). One sum-allreduce of that vector gives every reduction:
+
+* ``exact`` (default): each metric's result computed from its state summed over ranks: the metric of all
+  ranks' samples together (AUC, precision and recall of the union, accuracy and loss over uneven shards);
+  entries that come from no metric, or from a metric whose state does not add up, fall back to ``weighted``;
+* ``weighted``: the mean weighted by the samples each rank saw;
+* ``mean``: the unweighted mean of the ranks' values, Horovod's ``MetricAverageCallback`` semantics.
+
+The sums of the signature equal ``size*h`` and ``size*h*h`` only if every rank's ``h`` is the same, so every
+rank checks at no extra cost that all ranks had the same keys. When they differ (or Horovod refuses vectors of
+different lengths), one ``allgather_object`` of the key lists builds an error that names the keys each rank
+lacks, raised on every rank: never a silent mix of different metrics, never a hang.
 """
 
 from __future__ import annotations
 
 import numbers
 import zlib
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ._log import warn_once
 from .collectives import Collectives
+from .metric_state import MetricState
 
 _SIGNATURE_BITS = 20
 
@@ -83,35 +93,79 @@ def mismatch_message(key_lists: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-class MeanReducer:
-    """Horovod ``MetricAverageCallback`` semantics: the unweighted mean over ranks, in float64."""
+REDUCTIONS = ("exact", "weighted", "mean")
 
-    name = "mean"
 
-    def __init__(self, collectives: Collectives) -> None:
+class Reducer:
+    """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
+
+    def __init__(self, collectives: Collectives, mode: str = "exact") -> None:
+        if mode not in REDUCTIONS:
+            raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
         self._comm = collectives
+        self.mode = mode
 
-    def reduce(self, values: Mapping[str, float], tag: str) -> dict[str, float]:
-        """Global means of ``values``; ``tag`` names the collective (the same on every rank)."""
+    def reduce(self, values: Mapping[str, float], tag: str, states: Sequence[MetricState] = ()) -> dict[str, float]:
+        """Global values of ``values``; ``tag`` names the collective (the same on every rank)."""
         keys = list(values)
+        states = list(states) if self.mode != "mean" else []
+        samples = [_samples_for(key, states) for key in keys]
+        local = np.array(list(values.values()), dtype=np.float64)
+        parts = [local]
+        if self.mode != "mean":
+            parts += [local * samples, np.array(samples, dtype=np.float64)]
+        parts += [state.values for state in states]
+        layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states)]
+        signature = key_signature(layout)
+        vector = np.concatenate([*parts, [signature, signature * signature]])
         if self._comm.size == 1:
-            return dict(values)
-        signature = key_signature(keys)
-        vector = np.array([*values.values(), signature, signature * signature], dtype=np.float64)
-        try:
-            total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
-        except Exception:  # noqa: BLE001 - Horovod refuses vectors of different lengths
-            self._raise_if_keys_differ(keys, tag)
-            raise
-        size = self._comm.size
-        if total[-2] != size * signature or total[-1] != size * signature * signature:
-            self._raise_if_keys_differ(keys, tag)
-        return {key: float(total[i]) / size for i, key in enumerate(keys)}
+            total = vector
+        else:
+            try:
+                total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
+            except Exception:  # noqa: BLE001 - Horovod refuses vectors of different lengths
+                self._raise_if_layouts_differ(keys, layout, tag)
+                raise
+            size = self._comm.size
+            if total[-2] != size * signature or total[-1] != size * signature * signature:
+                self._raise_if_layouts_differ(keys, layout, tag)
+        return self._finish(keys, total, states)
 
-    def _raise_if_keys_differ(self, keys: list[str], tag: str) -> None:
-        key_lists = self._comm.allgather_object(keys, name=f"hvd_mlflow.{tag}.keys")
-        if any(other != keys for other in key_lists):
-            raise MetricKeyMismatchError(mismatch_message(key_lists))
+    def _finish(self, keys: list[str], total: np.ndarray, states: list[MetricState]) -> dict[str, float]:
+        n = len(keys)
+        if self.mode == "mean":
+            return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}
+        weighted_sum, weights = total[n : 2 * n], total[2 * n : 3 * n]
+        out = {
+            key: float(weighted_sum[i] / weights[i]) if weights[i] else float(total[i]) / self._comm.size
+            for i, key in enumerate(keys)
+        }
+        if self.mode == "exact":
+            offset = 3 * n
+            for state in states:
+                summed = total[offset : offset + state.values.size]
+                offset += state.values.size
+                out.update({k: v for k, v in state.compute(summed).items() if k in out})
+        return out
+
+    def _raise_if_layouts_differ(self, keys: list[str], layout: list[str], tag: str) -> None:
+        gathered = self._comm.allgather_object((keys, layout), name=f"hvd_mlflow.{tag}.keys")
+        if any(other_keys != keys for other_keys, _ in gathered):
+            raise MetricKeyMismatchError(mismatch_message([other_keys for other_keys, _ in gathered]))
+        if any(other_layout != layout for _, other_layout in gathered):
+            raise MetricKeyMismatchError(
+                "hvd-mlflow: ranks have the same metric keys but different metric states or reductions: "
+                + "; ".join(f"rank {r}: {lay[len(keys) :]}" for r, (_, lay) in enumerate(gathered))
+            )
+
+
+def _samples_for(key: str, states: Sequence[MetricState]) -> float:
+    """How many samples ``key``'s value was measured on (the matching state's loss count), 1 if unknown."""
+    validation = key.startswith("val_")
+    for state in states:
+        if (state.prefix == "val_") == validation:
+            return state.samples
+    return 1.0
 
 
 def write_back(logs: MutableMapping[str, Any], global_values: Mapping[str, float]) -> None:

@@ -26,6 +26,7 @@ _csv_path: dict[str, str] = {"path": ""}
 
 def autolog(
     disable: bool = False,
+    reduction: str | None = None,
     silent: bool | None = None,
     extra_tags: Mapping[str, str] | None = None,
     extra_params: Mapping[str, object] | None = None,
@@ -38,7 +39,7 @@ def autolog(
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
     Call it on every rank, after ``hvd.init()`` and before ``fit``. Each epoch, every numeric entry of
-    Keras' logs (``loss``, ``accuracy``, ``val_loss``, ...) is averaged over all ranks with one Horovod
+    Keras' logs (``loss``, ``accuracy``, ``val_loss``, ...) is made global over all ranks with one Horovod
     collective and written back into the logs, so every later callback on every rank sees the global value;
     rank 0 logs the values to the MLflow run at ``step=epoch`` from a background thread. Inside an AzureML
     job the run is the job's (``MLFLOW_RUN_ID``); elsewhere it is rank 0's active run or a new one.
@@ -54,6 +55,9 @@ def autolog(
 
     Args:
         disable: undo a previous ``autolog()``: ``fit`` is restored.
+        reduction: ``"exact"`` (default): each Keras metric computed from its state summed over ranks, i.e. on
+            all ranks' samples together (right for uneven shards, AUC, precision, recall); ``"weighted"``: the
+            mean weighted by each rank's samples; ``"mean"``: Horovod's unweighted mean (``HVD_MLFLOW_REDUCTION``).
         silent: no warnings from hvd-mlflow (``HVD_MLFLOW_SILENT``).
         extra_tags: tags added to every run (``HVD_MLFLOW_EXTRA_TAGS="k=v,k2=v2"``).
         extra_params: params added to every run, e.g. your hyperparameters (``HVD_MLFLOW_EXTRA_PARAMS``).
@@ -80,6 +84,7 @@ def autolog(
         _settings = None
         return
     _settings = {
+        "reduction": reduction,
         "silent": silent,
         "extra_tags": extra_tags,
         "extra_params": extra_params,

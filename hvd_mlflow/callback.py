@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import collectives, destination, journal, keras_flavour, run_params, topology
-from ._log import logger, set_silent
-from .aggregate import MeanReducer, numeric_entries, write_back
+from . import collectives, destination, journal, keras_flavour, metric_state, run_params, topology
+from ._log import logger, set_silent, warn_once
+from .aggregate import Reducer, numeric_entries, write_back
 from .config import Options
 from .names import NameMap
 from .redact import redact
@@ -21,7 +21,8 @@ class HorovodMlflowCallback:
     """Average Keras' epoch metrics over all Horovod ranks and log them to MLflow from rank 0.
 
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
-    logs by its mean over all ranks (one collective for all of them), so the callbacks after it
+    logs by its value over all ranks (one collective for all of them; by default each Keras metric is computed
+    from its state summed over ranks, i.e. on all ranks' samples together), so the callbacks after it
     (EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, CSVLogger, History) see the same global values on
     every rank. Rank 0 alone records them, one point per metric per epoch at ``step=epoch``, in a journal on
     its disk, and a background thread sends them to MLflow: the training never waits on the tracking
@@ -43,7 +44,7 @@ class HorovodMlflowCallback:
         model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or
             ``tf_keras``); without it the flavour is the one ``tf.keras`` resolves to.
         flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
-        **options: ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
+        **options: ``reduction``, ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
             ``silent``: see :class:`hvd_mlflow.config.Options`; each defaults to its ``HVD_MLFLOW_*``
             environment variable.
     """
@@ -70,7 +71,9 @@ class HorovodMlflowCallback:
         self._captured_run_id = destination.run_id_from_environment()
         self._batch_size: int | None = None
         self._run_logger: RunLogger | None = None
-        self._reducer: MeanReducer | None = None
+        self._reducer: Reducer | None = None
+        self._train_state: metric_state.MetricState | None = None
+        self._validating = False
         self._comm: collectives.Collectives = collectives.Solo()
         self._metric_names = NameMap(what="metric")
         self._params_logged = False
@@ -90,7 +93,9 @@ class HorovodMlflowCallback:
         self._finished = False
         self._params_logged = False
         self._comm = collectives.current()
-        self._reducer = MeanReducer(self._comm)
+        self._reducer = Reducer(self._comm, self.options.reduction)
+        if self.options.reduction == "exact" and self._comm.rank == 0:
+            self._warn_non_additive()
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
         run_id = None
         if self._comm.rank == 0 and topology.current().is_chief:
@@ -100,6 +105,7 @@ class HorovodMlflowCallback:
         self.run_id = run_id
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        self._train_state, self._validating = None, False
         if self._run_logger is not None and not self._params_logged:
             self._params_logged = True
             params = run_params.training_params(
@@ -112,11 +118,24 @@ class HorovodMlflowCallback:
             )
             self._run_logger.log_params({**params, **self.options.extra_params})
 
+    def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        # fit's validation is about to reset the metrics: keep the training state first
+        if not self._finished and not self._validating and self.options.reduction != "mean":
+            self._validating = True
+            self._train_state = metric_state.capture(self.model, prefix="")
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
         assert self._reducer is not None, "on_train_begin was not called"
-        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch")
+        states = []
+        if self.options.reduction != "mean":
+            if self._validating:
+                states = [self._train_state, metric_state.capture(self.model, prefix="val_")]
+            else:
+                states = [metric_state.capture(self.model, prefix="")]
+        states = [s for s in states if s is not None]
+        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch", states=states)
         write_back(logs, global_values)
         names = self._metric_names(global_values)  # the same on every rank: a collision fails them all
         if self._run_logger is not None:
@@ -138,13 +157,23 @@ class HorovodMlflowCallback:
         if run_logger is not None:
             run_logger.close(status, timeout=self.options.flush_timeout)
 
+    def _warn_non_additive(self) -> None:
+        names = metric_state.non_additive_names(self.model)
+        if names:
+            warn_once(
+                "non-additive:" + ",".join(names),
+                "hvd-mlflow: metric(s) %s have their own update_state/result, so their state may not add up "
+                "over ranks; their global value is the sample-weighted mean instead of the exact value",
+                ", ".join(names),
+            )
+
     # -- rank 0 --------------------------------------------------------------------------------------
     def _start_logging(self) -> str | None:
         try:
             dest = destination.resolve(self._captured_run_id)
             tags = run_params.run_tags(
                 world_size=self._comm.size,
-                reduction=MeanReducer.name,
+                reduction=self.options.reduction,
                 flavour=self._flavour or "keras",
                 extra=self.options.extra_tags,
             )

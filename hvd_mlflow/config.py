@@ -18,6 +18,8 @@ class Options:
     """What the callback does; every field has an ``HVD_MLFLOW_<FIELD>`` variable.
 
     Attributes:
+        reduction: how each rank's values become one: ``exact`` (metrics computed from their state summed over
+            ranks), ``weighted`` (mean weighted by samples) or ``mean`` (Horovod's unweighted mean).
         flush_timeout: seconds ``fit`` waits at its end for rank 0 to deliver what is still queued.
         run_wait: seconds rank 0 waits at train begin for the run to be opened (so that its id can be
             broadcast to every rank); logging goes on in the background either way.
@@ -32,6 +34,7 @@ class Options:
             (see :mod:`hvd_mlflow.guard`).
     """
 
+    reduction: str = "exact"
     flush_timeout: float = 60.0
     run_wait: float = 5.0
     extra_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -56,7 +59,10 @@ class Options:
                 values[field.name] = value
         if given:
             raise TypeError(f"unknown option(s): {', '.join(sorted(given))}")
-        return cls(**values)
+        options = cls(**values)
+        if options.reduction not in ("exact", "weighted", "mean"):
+            raise ValueError(f"reduction={options.reduction!r}: choose exact, weighted or mean")
+        return options
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:

@@ -20,7 +20,9 @@ EPOCHS = 4
 
 
 def expected_global(ranks: list[dict]) -> dict[str, list[float]]:
-    """Per key, per epoch: the mean over ranks of each rank's own Keras value."""
+    """Per key, per epoch: the mean over ranks of each rank's own Keras value. Every rank has as many samples
+    here, so the exact global value (the default reduction) is that mean, up to float32 rounding of the metric
+    states; tests/multirank/test_reductions.py covers uneven shards."""
     keys = ranks[0]["local"][0].keys()
     return {key: [float(np.mean([r["local"][epoch][key] for r in ranks])) for epoch in range(EPOCHS)] for key in keys}
 
@@ -36,7 +38,7 @@ def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> in
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == list(range(EPOCHS)), key
         for point, want in zip(history, values, strict=True):
-            assert point.value == pytest.approx(want, rel=1e-12, abs=1e-12), (key, point.step)
+            assert point.value == pytest.approx(want, rel=1e-6, abs=1e-7), (key, point.step)
             checked += 1
     # The ranks really disagreed, so an average was needed (otherwise this test proves nothing).
     assert any(ranks[0]["local"][e]["loss"] != ranks[1]["local"][e]["loss"] for e in range(EPOCHS))
@@ -82,7 +84,7 @@ def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
         assert params[name], name
     tags = client.get_run(run_id).data.tags
     assert tags["hvd_mlflow.world_size"] == "2"
-    assert tags["hvd_mlflow.reduction"] == "mean"
+    assert tags["hvd_mlflow.reduction"] == "exact"
 
 
 @pytest.mark.parametrize("how", ["autolog", "explicit-callback"])

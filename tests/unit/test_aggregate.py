@@ -5,34 +5,53 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_mlflow.aggregate import MeanReducer, MetricKeyMismatchError, key_signature, numeric_entries, scalar
+from hvd_mlflow.aggregate import MetricKeyMismatchError, Reducer, key_signature, numeric_entries, scalar
 from hvd_mlflow.collectives import Solo
+from hvd_mlflow.metric_state import MetricState
+
+
+class Peer(Solo):
+    """Records the vector a rank would contribute, without communicating."""
+
+    size = 2
+
+    def allreduce_sum(self, values, name):
+        self.vector = values
+        return values * 2  # never used for the result: we only want the vector
 
 
 class TwoRanks:
-    """Rank 0's view of a two-rank sum-allreduce whose other rank contributed ``other`` (a vector or keys).
+    """Rank 0's view of a two-rank sum-allreduce whose other rank called ``reduce(other, states)``.
 
-    Stands in for Horovod only to check the arithmetic of the key check; the real collective is exercised
-    by tests/multirank.
+    Stands in for Horovod only to check the arithmetic and the layout check; the real collective is
+    exercised by tests/multirank.
     """
 
     rank, size = 0, 2
 
-    def __init__(self, other_values: dict[str, float]) -> None:
-        self.other = other_values
-        self.gathered = False
+    def __init__(self, mode: str, other: dict[str, float], states=()) -> None:
+        peer = Peer()
+        try:
+            Reducer(peer, mode).reduce(other, "t", states)
+        except MetricKeyMismatchError:
+            pass
+        self.other_vector, self.other_keys = peer.vector, list(other)
+        self.other_layout = None
 
-    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
-        keys = list(self.other)
-        sig = key_signature(keys)
-        other = np.array([*self.other.values(), sig, sig * sig])
-        if other.shape != values.shape:
+    def allreduce_sum(self, values, name):
+        if values.shape != self.other_vector.shape:
             raise RuntimeError("Mismatched allreduce tensor shapes")
-        return values + other
+        return values + self.other_vector
 
     def allgather_object(self, obj, name):
-        self.gathered = True
-        return [obj, list(self.other)]
+        keys, layout = obj
+        return [obj, (self.other_keys, [*self.other_keys, *layout[len(keys) :]])]
+
+
+def mean_state(prefix: str, total: float, count: float, name: str) -> MetricState:
+    """A Keras Mean-like state (total, count) whose result is total / count."""
+    return MetricState(prefix, np.array([total, count]), [prefix + name], count,
+                       lambda summed: {prefix + name: summed[0] / summed[1]})  # fmt: skip
 
 
 def test_scalar_accepts_numbers_numpy_and_0d_arrays_only():
@@ -54,27 +73,63 @@ def test_numeric_entries_sorted_and_warns_once_per_non_scalar(caplog):
     assert sum("'name'" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_mean_of_two_ranks():
-    reducer = MeanReducer(TwoRanks({"accuracy": 0.5, "loss": 1.0}))
+def test_mean_of_two_ranks_is_horovods_unweighted_mean():
+    reducer = Reducer(TwoRanks("mean", {"accuracy": 0.5, "loss": 1.0}), "mean")
     assert reducer.reduce({"accuracy": 0.75, "loss": 3.0}, "t") == {"accuracy": 0.625, "loss": 2.0}
 
 
+def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
+    # rank 0 saw 100 samples with mean loss 1.0, rank 1 saw 37 with mean loss 3.0
+    mine = [mean_state("", 100 * 1.0, 100, "loss")]
+    theirs = [mean_state("", 37 * 3.0, 37, "loss")]
+    union = (100 * 1.0 + 37 * 3.0) / 137
+    for mode in ("weighted", "exact"):
+        reducer = Reducer(TwoRanks(mode, {"loss": 3.0}, theirs), mode)
+        assert reducer.reduce({"loss": 1.0}, "t", mine)["loss"] == pytest.approx(union, rel=1e-15)
+    assert Reducer(TwoRanks("mean", {"loss": 3.0}), "mean").reduce({"loss": 1.0}, "t")["loss"] == 2.0
+
+
+def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
+    # a ratio metric (like precision: tp / (tp + fp)) is not the weighted mean of the ranks' ratios
+    def precision(prefix, tp, fp, samples):
+        return MetricState(prefix, np.array([tp, fp]), [prefix + "precision"], samples,
+                           lambda s: {prefix + "precision": s[0] / (s[0] + s[1])})  # fmt: skip
+
+    reducer = Reducer(TwoRanks("exact", {"precision": 0.1}, [precision("", 1, 9, 50)]), "exact")
+    value = reducer.reduce({"precision": 0.9}, "t", [precision("", 9, 1, 50)])["precision"]
+    assert value == pytest.approx(10 / 20)
+
+
+def test_entries_from_no_metric_fall_back_to_the_weighted_mean():
+    mine, theirs = [mean_state("", 30.0, 30, "loss")], [mean_state("", 10.0, 10, "loss")]
+    reducer = Reducer(TwoRanks("exact", {"loss": 1.0, "lr": 0.5}, theirs), "exact")
+    out = reducer.reduce({"loss": 1.0, "lr": 0.1}, "t", mine)
+    assert out["lr"] == pytest.approx((0.1 * 30 + 0.5 * 10) / 40)
+
+
 def test_same_count_different_keys_is_detected_not_mixed():
-    comm = TwoRanks({"accuracy": 0.5, "mae": 1.0})
+    comm = TwoRanks("mean", {"accuracy": 0.5, "mae": 1.0})
     with pytest.raises(MetricKeyMismatchError) as error:
-        MeanReducer(comm).reduce({"accuracy": 0.75, "loss": 3.0}, "t")
+        Reducer(comm, "mean").reduce({"accuracy": 0.75, "loss": 3.0}, "t")
     assert "rank 0 lacks: mae" in str(error.value)
     assert "rank 1 lacks: loss" in str(error.value)
 
 
 def test_different_key_counts_are_named():
-    comm = TwoRanks({"accuracy": 0.5, "loss": 1.0, "mae": 2.0})
+    comm = TwoRanks("mean", {"accuracy": 0.5, "loss": 1.0, "mae": 2.0})
     with pytest.raises(MetricKeyMismatchError, match="rank 0 lacks: mae"):
-        MeanReducer(comm).reduce({"accuracy": 0.75, "loss": 3.0}, "t")
+        Reducer(comm, "mean").reduce({"accuracy": 0.75, "loss": 3.0}, "t")
 
 
-def test_solo_is_identity_and_runs_no_collective():
-    assert MeanReducer(Solo()).reduce({"loss": 0.25}, "t") == {"loss": 0.25}
+def test_solo_runs_no_collective_and_reduces_to_itself():
+    assert Reducer(Solo(), "mean").reduce({"loss": 0.25}, "t") == {"loss": 0.25}
+    state = [mean_state("", 5.0, 20, "loss")]
+    assert Reducer(Solo(), "exact").reduce({"loss": 0.25}, "t", state) == {"loss": 0.25}
+
+
+def test_unknown_reduction_is_refused():
+    with pytest.raises(ValueError, match="unknown reduction 'median'"):
+        Reducer(Solo(), "median")
 
 
 def test_signature_depends_on_order_and_names():

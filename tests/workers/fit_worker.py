@@ -94,9 +94,9 @@ class UserLogging(keras.callbacks.Callback):
         mlflow.log_metric("user_metric", float(hvd.rank() * 100 + epoch), step=epoch)
 
 
-def data(rank: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rank-dependent data, so every rank's local values differ."""
-    rng = np.random.default_rng(100 + rank)
+def data(rank: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Rank-dependent data, so every rank's local values differ (``seed`` 10: the validation shard)."""
+    rng = np.random.default_rng(100 + rank + seed)
     x = rng.normal(loc=0.4 * rank, size=(n, 8)).astype("float32")
     y = (x.sum(axis=1) + rng.normal(size=n) > 0.5 * rank).astype("float32")
     return x, y
@@ -144,6 +144,8 @@ def main() -> None:
     parser.add_argument("--audit", action="store_true", help="record every socket connect and lookup")
     parser.add_argument("--stray-writers", action="store_true", help="mlflow.log_metric + mlflow autolog on all ranks")
     parser.add_argument("--no-validation", action="store_true")
+    parser.add_argument("--uneven", action="store_true", help="rank 0: 100 samples, rank 1: 37; AUC etc.; lr 0")
+    parser.add_argument("--reduction", default=None)
     args = parser.parse_args()
     if args.audit:
         audit_connections()
@@ -157,6 +159,8 @@ def main() -> None:
     logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
     rank = hvd.rank()
     options = {"extra_params": {f"hp_{i:03d}": i for i in range(args.params)}} if args.params else {}
+    if args.reduction:
+        options["reduction"] = args.reduction
     extra = args.extra_metrics or args.odd_names or args.collision or args.epoch_sleep
     if not (args.explicit_callback or extra):
         hvd_mlflow.autolog(**options)
@@ -164,12 +168,17 @@ def main() -> None:
     keras.utils.set_random_seed(7)
 
     metrics = ["accuracy"] + (["mae"] if args.mismatch and rank == 1 else [])
+    if args.uneven:
+        metrics += [keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision"),
+                    keras.metrics.Recall(name="recall")]  # fmt: skip
     model = keras.Sequential(
         [keras.Input(shape=(8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, "sigmoid")]
     )
-    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=metrics)
-    x, y = data(rank, args.samples)
-    xv, yv = data(rank + 10, args.samples // 2)
+    learning_rate = 0.0 if args.uneven else 0.05  # uneven: weights never move, so a union evaluation is the truth
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="binary_crossentropy", metrics=metrics)
+    sizes = (100, 37) if args.uneven else (args.samples, args.samples)
+    x, y = data(rank, sizes[rank])
+    xv, yv = data(rank, sizes[rank] // 2, seed=10)
     callbacks = []
     if extra:
         callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
@@ -187,6 +196,13 @@ def main() -> None:
         verbose=0,
     )
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    if args.uneven and rank == 0:  # the same weights evaluated in one process on every rank's samples together
+        union = [data(r, sizes[r]) for r in range(hvd.size())]
+        union_val = [data(r, sizes[r] // 2, seed=10) for r in range(hvd.size())]
+        for name, parts in (("union_train", union), ("union_val", union_val)):
+            ux, uy = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+            result = model.evaluate(ux, uy, batch_size=1000, verbose=0, return_dict=True)
+            record[name] = {k: float(v) for k, v in result.items()}
     record["size"] = hvd.size()
     record["finished"] = True
     record["threads"] = sorted(t.name for t in threading.enumerate())

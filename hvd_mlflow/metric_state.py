@@ -1,0 +1,114 @@
+"""The state of a model's Keras metrics: read it, and compute results from a state summed over ranks.
+
+For a Keras metric whose state is additive (the totals and counts of ``Mean``/``Sum`` and every
+``MeanMetricWrapper`` such as the accuracies and losses, the confusion counts of ``AUC``, ``Precision``,
+``Recall``, ``F1Score``, the confusion matrix of the IoU metrics, the sums of ``R2Score``), the result computed
+from the element-wise sum of every rank's state is exactly the metric of all ranks' samples together. That is
+what ``reduction="exact"`` logs. A metric whose ``update_state`` or ``result`` is user code may keep a state
+that does not add up (a maximum, a running average): it is reported, and its value falls back to the
+sample-weighted mean.
+
+Inside ``fit``, validation resets the metrics before ``on_epoch_end``, so the training state is captured when
+validation begins (``on_test_begin``), and the validation state at ``on_epoch_end``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class MetricState:
+    """One snapshot of all of a model's metric variables, and what they yield.
+
+    ``values`` is the flat float64 concatenation of every variable; ``keys`` the result keys (with ``prefix``,
+    e.g. ``val_``) that can be computed exactly from it; ``samples`` how many samples it covers (the loss
+    tracker's count), used to weight the values of keys that cannot be computed exactly.
+    """
+
+    prefix: str
+    values: np.ndarray
+    keys: list[str]
+    samples: float
+    compute: Callable[[np.ndarray], dict[str, float]]
+
+
+def leaf_metrics(model: Any) -> list[Any]:
+    """The model's individual metrics (Keras 3 wraps compiled metrics in one ``CompileMetrics``)."""
+    leaves = []
+    for metric in getattr(model, "metrics", []):
+        inner = getattr(metric, "metrics", None)
+        if type(metric).__name__ == "CompileMetrics" and isinstance(inner, list):
+            leaves.extend(inner)
+        else:
+            leaves.append(metric)
+    return leaves
+
+
+def _from_keras(method: Any) -> bool:
+    return getattr(method, "__module__", "").split(".", 1)[0] in ("keras", "tf_keras")
+
+
+def is_additive(metric: Any) -> bool:
+    """Whether ``metric`` keeps the state of a built-in Keras metric (user code neither updates nor reads it)."""
+    cls = type(metric)
+    return _from_keras(cls.update_state) and _from_keras(cls.result) and _from_keras(cls.reset_state)
+
+
+def non_additive_names(model: Any) -> list[str]:
+    return [m.name for m in leaf_metrics(model) if not is_additive(m)]
+
+
+def _variables(model: Any) -> list[Any]:
+    return [v for metric in getattr(model, "metrics", []) for v in metric.variables]
+
+
+def _numpy(variable: Any) -> np.ndarray:
+    return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
+
+
+def _samples(model: Any) -> float:
+    for metric in leaf_metrics(model):
+        if metric.name == "loss" and hasattr(metric, "count"):
+            return float(_numpy(metric.count))
+    return 1.0
+
+
+def capture(model: Any, prefix: str) -> MetricState | None:
+    """The model's metric state now, or ``None`` when it has no metrics (or they are not built yet)."""
+    variables = _variables(model)
+    if not variables or not hasattr(model, "get_metrics_result"):
+        return None
+    current = [_numpy(v) for v in variables]
+    shapes = [(c.shape, c.dtype) for c in current]
+    skip = set(non_additive_names(model))
+    keys = [prefix + k for k in _results(model) if k not in skip]
+
+    def compute(summed: np.ndarray) -> dict[str, float]:
+        saved = [_numpy(v) for v in variables]
+        try:
+            offset = 0
+            for variable, (shape, dtype) in zip(variables, shapes, strict=True):
+                size = int(np.prod(shape))
+                variable.assign(summed[offset : offset + size].reshape(shape).astype(dtype))
+                offset += size
+            return {prefix + k: v for k, v in _results(model).items() if prefix + k in keys}
+        finally:
+            for variable, value in zip(variables, saved, strict=True):
+                variable.assign(value)
+
+    flat = np.concatenate([c.astype(np.float64).ravel() for c in current]) if current else np.zeros(0)
+    return MetricState(prefix, flat, keys, _samples(model), compute)
+
+
+def _results(model: Any) -> dict[str, float]:
+    out = {}
+    for key, value in model.get_metrics_result().items():
+        number = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+        if number.size == 1:
+            out[key] = float(number.reshape(()))
+    return out
