@@ -25,14 +25,13 @@ import numpy as np
 class MetricState:
     """One snapshot of all of a model's metric variables, and what they yield.
 
-    ``values`` is the flat float64 concatenation of every variable; ``keys`` the result keys (with ``prefix``,
-    e.g. ``val_``) that can be computed exactly from it; ``samples`` how many samples it covers (the loss
-    tracker's count), used to weight the values of keys that cannot be computed exactly.
+    ``values`` is the flat float64 concatenation of every variable; ``samples`` how many samples it covers (the
+    loss tracker's count), used to weight the values of keys that cannot be computed exactly; ``compute`` maps a
+    summed state to the result keys (with ``prefix``, e.g. ``val_``) of every additive metric.
     """
 
     prefix: str
     values: np.ndarray
-    keys: list[str]
     samples: float
     compute: Callable[[np.ndarray], dict[str, float]]
 
@@ -86,7 +85,6 @@ def capture(model: Any, prefix: str) -> MetricState | None:
     current = [_numpy(v) for v in variables]
     shapes = [(c.shape, c.dtype) for c in current]
     skip = set(non_additive_names(model))
-    keys = [prefix + k for k in _results(model) if k not in skip]
 
     def compute(summed: np.ndarray) -> dict[str, float]:
         saved = [_numpy(v) for v in variables]
@@ -96,13 +94,13 @@ def capture(model: Any, prefix: str) -> MetricState | None:
                 size = int(np.prod(shape))
                 variable.assign(summed[offset : offset + size].reshape(shape).astype(dtype))
                 offset += size
-            return {prefix + k: v for k, v in _results(model).items() if prefix + k in keys}
+            return {prefix + k: v for k, v in _results(model).items() if k not in skip}
         finally:
             for variable, value in zip(variables, saved, strict=True):
                 variable.assign(value)
 
     flat = np.concatenate([c.astype(np.float64).ravel() for c in current]) if current else np.zeros(0)
-    return MetricState(prefix, flat, keys, _samples(model), compute)
+    return MetricState(prefix, flat, _samples(model), compute)
 
 
 def _results(model: Any) -> dict[str, float]:

@@ -21,6 +21,9 @@ from .limits import Limits
 from .redact import mask_uri, redact
 
 OPEN_AFTER_FAILURES = 3
+# At most about two uploads a second: epochs shorter than that are packed into one request instead of costing
+# rank 0 a request (and the CPU to build it) each. Longer epochs still go one request per epoch, at once.
+MIN_SEND_INTERVAL_S = 0.5
 
 
 class Backoff:
@@ -73,6 +76,7 @@ class Sender:
         self._wake = False
         self._closing = False
         self._run_opened = threading.Event()
+        self._last_send = 0.0
         self.run_id: str | None = journal.meta().get("run_id")
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
@@ -124,10 +128,11 @@ class Sender:
         uploader = Uploader(journal, MlflowClient(self._tracking_uri), self._limits)
         while True:
             with self._cond:
-                while not self._closing and not (self._wake and self._backoff.wait_time() == 0):
-                    self._cond.wait(self._backoff.wait_time() or None)
+                while not self._closing and not (self._wake and self._pause() == 0):
+                    self._cond.wait(self._pause() or None)
                 self._wake = False
                 closing = self._closing
+            self._last_send = time.monotonic()
             try:
                 self.run_id = uploader.ensure_run()
                 self._run_opened.set()
@@ -149,6 +154,11 @@ class Sender:
                 else:
                     self._wake = True
         journal.close()
+
+    def _pause(self) -> float:
+        """Seconds before the next upload may start: the backoff after failures, else the send interval."""
+        interval = MIN_SEND_INTERVAL_S - (time.monotonic() - self._last_send)
+        return max(self._backoff.wait_time(), interval, 0.0)
 
     def _failed(self, error: BaseException) -> None:
         delay = self._backoff.failed()

@@ -50,8 +50,7 @@ class TwoRanks:
 
 def mean_state(prefix: str, total: float, count: float, name: str) -> MetricState:
     """A Keras Mean-like state (total, count) whose result is total / count."""
-    return MetricState(prefix, np.array([total, count]), [prefix + name], count,
-                       lambda summed: {prefix + name: summed[0] / summed[1]})  # fmt: skip
+    return MetricState(prefix, np.array([total, count]), count, lambda summed: {prefix + name: summed[0] / summed[1]})
 
 
 def test_scalar_accepts_numbers_numpy_and_0d_arrays_only():
@@ -92,8 +91,7 @@ def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
 def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
     # a ratio metric (like precision: tp / (tp + fp)) is not the weighted mean of the ranks' ratios
     def precision(prefix, tp, fp, samples):
-        return MetricState(prefix, np.array([tp, fp]), [prefix + "precision"], samples,
-                           lambda s: {prefix + "precision": s[0] / (s[0] + s[1])})  # fmt: skip
+        return MetricState(prefix, np.array([tp, fp]), samples, lambda s: {prefix + "precision": s[0] / (s[0] + s[1])})
 
     reducer = Reducer(TwoRanks("exact", {"precision": 0.1}, [precision("", 1, 9, 50)]), "exact")
     value = reducer.reduce({"precision": 0.9}, "t", [precision("", 9, 1, 50)])["precision"]
