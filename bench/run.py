@@ -199,8 +199,9 @@ def main() -> None:
         work = Path(tmp)
         server = MlflowServer(work / "server").start()
         try:
+            results["epochs"] = 10 if quick else 60
             results["overhead"] = overhead(server, [0.0, 0.1] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
-                                           10 if quick else 60, work)  # fmt: skip
+                                           results["epochs"], work)  # fmt: skip
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
             results["memory"] = memory(server, 1000 if quick else 10000, 100, work)

@@ -76,6 +76,7 @@ def autolog(
             (``HVD_MLFLOW_CSV_PATH``).
     """
     global _settings
+    _require_mlflow()
     if disable:
         for model_class, original in _originals.items():
             model_class.fit = original
@@ -99,11 +100,26 @@ def autolog(
 
         job_mode = destination.is_azureml_job(mlflow.get_tracking_uri())
         guard.install(topology.current().rank, _settings["run_id"], job_mode=job_mode)
-    for flavour in keras_flavour.importable():
+    flavours = keras_flavour.importable()
+    if not flavours:
+        logger.warning(
+            "hvd-mlflow: neither keras nor tf_keras can be imported here, so no fit is logged; install TensorFlow "
+            "(and Horovod built against it): see the support matrix in hvd-mlflow's README"
+        )
+    for flavour in flavours:
         model_class = keras_flavour.model_class(flavour)
         if model_class not in _originals:
             _originals[model_class] = model_class.fit
             model_class.fit = _patched_fit(model_class.fit)
+
+
+def _require_mlflow() -> None:
+    try:
+        import mlflow  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            "hvd-mlflow needs the MLflow client: pip install 'mlflow-skinny<=3.15.0' (or 'hvd-mlflow[azureml]')"
+        ) from error
 
 
 def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
