@@ -14,6 +14,7 @@ NAMES = {
     "mlflow": "mlflow.tensorflow.autolog() on every rank",
     "hvd": "hvd_mlflow.autolog()",
 }
+COLOURS = {"seed": "tab:blue", "mlflow": "tab:orange", "hvd": "tab:green"}
 
 
 def tables(results: dict[str, dict]) -> str:
@@ -72,7 +73,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
             rows = [row for row in r["overhead"] if row["variant"] == variant]
             if rows:
                 ax.plot([row["latency_ms"] for row in rows], [row["fit_ratio_median"] for row in rows], "o-",
-                        label=NAMES[variant])  # fmt: skip
+                        label=NAMES[variant], color=COLOURS[variant])  # fmt: skip
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set(title=name, xlabel="tracking latency per request (ms)", ylabel="fit time / no logging")
         ax.legend(fontsize=8)
