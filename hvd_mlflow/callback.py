@@ -59,12 +59,10 @@ class HorovodMlflowCallback:
 
     def __init__(self, *, model: Any = None, flavour: str | None = None, **options: Any) -> None:
         super().__init__()
-        for name in ("guard_other_ranks", "csv_path"):
+        autolog_only = {"guard_other_ranks": "", "csv_path": " (add keras.callbacks.CSVLogger after this callback)"}
+        for name, hint in autolog_only.items():
             if name in options:
-                raise TypeError(
-                    f"{name} is an option of hvd_mlflow.autolog(); with the callback alone, add "
-                    "keras.callbacks.CSVLogger after it on rank 0 yourself"
-                )
+                raise TypeError(f"{name} is an option of hvd_mlflow.autolog() only{hint}")
         self.options = Options.resolve(**options)
         set_silent(self.options.silent)
         self.run_id: str | None = None
