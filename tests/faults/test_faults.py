@@ -109,7 +109,7 @@ def test_429_with_retry_after_on_half_the_requests(tmp_path, mlflow_server, clie
 
     with Proxy(mlflow_server.url, fault=fault) as proxy:
         ranks = finished_ranks(train(tmp_path, proxy.url, run_id, ["--epochs", "6", "--epoch-sleep", "0.3"]))
-    assert count["429"] >= 3
+    assert count["429"] >= 2  # half of the requests; the sender packs epochs, so there are few requests
     counts = check_run(client, run_id, ranks, 6)
     assert_stall("throttled_429", ranks, counts, answered_429=count["429"], requests=count["n"])
 
@@ -126,9 +126,9 @@ def test_random_503s_and_connection_resets(tmp_path, mlflow_server, client):
             draw = rng.random()
             count["n"] += 1
             n = count["n"]
-        if n == 4:  # at least one of each, whatever the draws
+        if n == 2:  # at least one of each, whatever the draws
             draw = 0.3
-        if n == 6:
+        if n == 3:
             draw = 0.1
         if draw < 0.25:
             injected["503"] += 1
