@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--no-validation", action="store_true")
     parser.add_argument("--uneven", action="store_true", help="rank 0: 100 samples, rank 1: 37; AUC etc.; lr 0")
     parser.add_argument("--reduction", default=None)
+    parser.add_argument("--early-stopping", action="store_true", help="EarlyStopping(val_loss), noisy shards")
     args = parser.parse_args()
     if args.audit:
         audit_connections()
@@ -175,6 +176,8 @@ def main() -> None:
         [keras.Input(shape=(8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, "sigmoid")]
     )
     learning_rate = 0.0 if args.uneven else 0.05  # uneven: weights never move, so a union evaluation is the truth
+    if args.early_stopping:
+        learning_rate = 0.3  # large steps: a noisy val_loss that stops early, at a different epoch on each rank
     model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="binary_crossentropy", metrics=metrics)
     sizes = (100, 37) if args.uneven else (args.samples, args.samples)
     x, y = data(rank, sizes[rank])
@@ -186,6 +189,8 @@ def main() -> None:
         callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
     if args.stray_writers:
         callbacks.append(UserLogging())
+    if args.early_stopping:
+        callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
     history = model.fit(
         x,
         y,
