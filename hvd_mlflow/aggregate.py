@@ -104,6 +104,7 @@ class Reducer:
             raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
         self._comm = collectives
         self.mode = mode
+        self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
 
     def reduce(self, values: Mapping[str, float], tag: str, states: Sequence[MetricState] = ()) -> dict[str, float]:
         """Global values of ``values``; ``tag`` names the collective (the same on every rank)."""
@@ -136,6 +137,8 @@ class Reducer:
         if self.mode == "mean":
             return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}
         weighted_sum, weights = total[n : 2 * n], total[2 * n : 3 * n]
+        train = [i for i, key in enumerate(keys) if not key.startswith("val_")]
+        self.train_samples = float(weights[train[0]]) if train and any(s.prefix == "" for s in states) else None
         out = {
             key: float(weighted_sum[i] / weights[i]) if weights[i] else float(total[i]) / self._comm.size
             for i, key in enumerate(keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ class HorovodMlflowCallback:
         self._metric_names = NameMap(what="metric")
         self._params_logged = False
         self._finished = True
+        self._epoch_start = time.perf_counter()
 
     # -- Keras hooks -----------------------------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -104,6 +106,7 @@ class HorovodMlflowCallback:
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
+        self._epoch_start = time.perf_counter()
         if self._run_logger is not None and not self._params_logged:
             self._params_logged = True
             params = run_params.training_params(
@@ -137,7 +140,22 @@ class HorovodMlflowCallback:
         write_back(logs, global_values)
         names = self._metric_names(global_values)  # the same on every rank: a collision fails them all
         if self._run_logger is not None:
-            self._run_logger.log_metrics(epoch, {names[k]: v for k, v in global_values.items()})
+            logged = {names[k]: v for k, v in global_values.items()}
+            for key, value in self._dynamics().items():
+                logged.setdefault(key, value)
+            self._run_logger.log_metrics(epoch, logged)
+
+    def _dynamics(self) -> dict[str, float]:
+        """Rank 0's per-epoch extras: the learning rate now, the epoch's wall time, global samples per second."""
+        seconds = time.perf_counter() - self._epoch_start
+        out = {"epoch_time_s": seconds}
+        rate = run_params.current_learning_rate(self.model)
+        if rate is not None:
+            out["learning_rate"] = rate
+        samples = self._reducer.train_samples if self._reducer is not None else None
+        if samples and seconds > 0:
+            out["samples_per_s"] = samples / seconds
+        return out
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._finish("FINISHED")

@@ -33,6 +33,15 @@ def versions(flavour: str) -> dict[str, str]:
     return {k: v for k, v in found.items() if v}
 
 
+def current_learning_rate(model: Any) -> float | None:
+    """The optimizer's learning rate now (schedules evaluated at the current iteration), if it has one."""
+    optimizer = getattr(model, "optimizer", None)
+    rate = getattr(optimizer, "learning_rate", None)
+    if callable(rate) and not hasattr(rate, "numpy"):  # a tf_keras schedule object
+        rate = rate(optimizer.iterations)
+    return scalar(rate) if rate is not None else None
+
+
 def optimizer_params(model: Any) -> dict[str, str]:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:

@@ -17,6 +17,7 @@ from tests.support.proxy import Proxy
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
 EPOCHS = 4
+DYNAMICS = {"learning_rate", "epoch_time_s", "samples_per_s"}  # rank 0's per-epoch extras
 
 
 def expected_global(ranks: list[dict]) -> dict[str, list[float]]:
@@ -32,7 +33,7 @@ def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> in
     expected = expected_global(ranks)
     assert set(expected) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
     run = client.get_run(run_id)
-    assert set(run.data.metrics) == set(expected)
+    assert set(run.data.metrics) == set(expected) | DYNAMICS
     checked = 0
     for key, values in expected.items():
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
@@ -57,7 +58,7 @@ def assert_each_point_sent_once(proxy: Proxy, keys) -> None:
     """
     requests = proxy.metric_requests()
     sent = sorted((m["key"], int(m["step"])) for r in requests for m in r.metrics)
-    assert sent == sorted((k, e) for k in keys for e in range(EPOCHS))
+    assert sent == sorted((k, e) for k in [*keys, *DYNAMICS] for e in range(EPOCHS))
     assert 1 <= len(requests) <= EPOCHS
 
 
@@ -188,3 +189,25 @@ def test_csv_sidecar_in_keras_format_and_import_csv(tmp_path, mlflow_server, cli
         history = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [m.step for m in history] == list(range(EPOCHS))
         assert [m.value for m in history] == pytest.approx(values, rel=1e-6)
+
+
+def tf_keras_2(done) -> bool:
+    """Whether the worker ran Keras 2 (TF 2.15's own keras package)."""
+    return done.rank(0).get("keras_major") == 2
+
+
+def test_learning_rate_follows_the_schedule_and_throughput_is_measured(tmp_path, mlflow_server, client):
+    run_id = client.create_run(client.create_experiment(f"dyn-{uuid.uuid4().hex[:8]}")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id}
+    done = launch.run(tmp_path, ["--epochs", str(EPOCHS), "--lr-schedule"], env=env).check()
+    history = {k: sorted(client.get_metric_history(run_id, k), key=lambda m: m.step) for k in DYNAMICS}
+    steps_per_epoch = 96 // 16
+    # Keras 3 reports the rate of the next step, tf_keras / Keras 2 the rate its last step used
+    offset = 0 if done.rank(0)["flavour"] == "keras" and not tf_keras_2(done) else 1
+    want_lr = [0.1 * 0.9 ** (steps_per_epoch * (e + 1) - offset) for e in range(EPOCHS)]
+    assert [m.value for m in history["learning_rate"]] == pytest.approx(want_lr, rel=1e-5)
+    # global samples per second: both ranks' 96 samples over the epoch's wall time measured by the worker
+    measured = done.rank(0)["epoch_seconds"]
+    for m in history["samples_per_s"]:
+        assert m.value == pytest.approx(2 * 96 / measured[m.step], rel=0.2), (m.step, m.value, measured[m.step])
+    assert [m.step for m in history["epoch_time_s"]] == list(range(EPOCHS))

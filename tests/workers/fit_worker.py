@@ -32,7 +32,12 @@ import hvd_mlflow
 keras = tf.keras
 flavour = keras.Model.__module__.split(".", 1)[0]
 keras_module = importlib.import_module(flavour)
-record: dict = {"local": [], "flavour": flavour, "epoch_end_s": []}
+record: dict = {
+    "local": [],
+    "flavour": flavour,
+    "keras_major": int(keras_module.__version__.split(".")[0]),
+    "epoch_end_s": [],
+}
 ODD_NAMES = ["acc@5", "f(1)", "val loss", "précision", "top 1/err"]
 
 
@@ -43,13 +48,23 @@ def save(out: Path) -> None:
 def spy(args: argparse.Namespace) -> None:
     """Record Keras' own local logs and the callbacks' time, around Keras' callback dispatch."""
     callback_list = keras_module.callbacks.CallbackList
-    originals = {name: getattr(callback_list, name) for name in ("on_epoch_end", "on_train_begin", "on_train_end")}
+    originals = {
+        name: getattr(callback_list, name)
+        for name in ("on_epoch_begin", "on_epoch_end", "on_train_begin", "on_train_end")
+    }
+    record["epoch_seconds"] = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        record["_epoch_began"] = time.perf_counter()
+        return originals["on_epoch_begin"](self, epoch, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         record["local"].append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
         start = time.perf_counter()
         result = originals["on_epoch_end"](self, epoch, logs)
         record["epoch_end_s"].append(time.perf_counter() - start)
+        # the epoch as the job lives it: until every rank is through the epoch end's collective
+        record["epoch_seconds"].append(time.perf_counter() - record["_epoch_began"])
         for cb in self.callbacks:
             if isinstance(cb, hvd_mlflow.HorovodMlflowCallback):
                 record["run_id"] = cb.run_id
@@ -68,6 +83,7 @@ def spy(args: argparse.Namespace) -> None:
         return hook
 
     callback_list.on_epoch_end = on_epoch_end
+    callback_list.on_epoch_begin = on_epoch_begin
     callback_list.on_train_begin = timed("on_train_begin")
     callback_list.on_train_end = timed("on_train_end")
 
@@ -147,6 +163,7 @@ def main() -> None:
     parser.add_argument("--uneven", action="store_true", help="rank 0: 100 samples, rank 1: 37; AUC etc.; lr 0")
     parser.add_argument("--reduction", default=None)
     parser.add_argument("--early-stopping", action="store_true", help="EarlyStopping(val_loss), noisy shards")
+    parser.add_argument("--lr-schedule", action="store_true", help="learning rate 0.1 * 0.9 ** step")
     args = parser.parse_args()
     if args.audit:
         audit_connections()
@@ -178,6 +195,8 @@ def main() -> None:
     learning_rate = 0.0 if args.uneven else 0.05  # uneven: weights never move, so a union evaluation is the truth
     if args.early_stopping:
         learning_rate = 0.3  # large steps: a noisy val_loss that stops early, at a different epoch on each rank
+    if args.lr_schedule:
+        learning_rate = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="binary_crossentropy", metrics=metrics)
     sizes = (100, 37) if args.uneven else (args.samples, args.samples)
     x, y = data(rank, sizes[rank])
