@@ -74,7 +74,7 @@ class HorovodMlflowCallback:
         self._train_state: metric_state.MetricState | None = None
         self._validating = False
         self._comm: collectives.Collectives = collectives.Solo()
-        self._metric_names = NameMap(what="metric")
+        self._metric_names: NameMap  # built at train begin, when the rank (who warns) is known
         self._params_logged = False
         self._finished = True
         self._epoch_start = time.perf_counter()
