@@ -11,6 +11,9 @@ and ``h*h``). One sum-allreduce of that vector gives every reduction:
 * ``weighted``: the mean weighted by the samples each rank saw;
 * ``mean``: the unweighted mean of the ranks' values, Horovod's ``MetricAverageCallback`` semantics.
 
+With ``spread`` keys, the same vector is all-gathered instead (still one collective) and summed on each
+rank in rank order, which also gives each key's minimum and maximum over ranks.
+
 The sums of the signature equal ``size*h`` and ``size*h*h`` only if every rank's ``h`` is the same, so every
 rank checks at no extra cost that all ranks had the same keys. When they differ (or Horovod refuses vectors of
 different lengths), one ``allgather_object`` of the key lists builds an error that names the keys each rank
@@ -99,12 +102,14 @@ REDUCTIONS = ("exact", "weighted", "mean")
 class Reducer:
     """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
 
-    def __init__(self, collectives: Collectives, mode: str = "exact") -> None:
+    def __init__(self, collectives: Collectives, mode: str = "exact", spread: Sequence[str] = ()) -> None:
         if mode not in REDUCTIONS:
             raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
         self._comm = collectives
         self.mode = mode
+        self.spread_keys = tuple(spread)
         self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
+        self.spread: dict[str, float] = {}  # after reduce(): "<key>_rank_min"/"_rank_max" of the spread keys
 
     def reduce(self, values: Mapping[str, float], tag: str, states: Sequence[MetricState] = ()) -> dict[str, float]:
         """Global values of ``values``; ``tag`` names the collective (the same on every rank)."""
@@ -119,18 +124,43 @@ class Reducer:
         layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states)]
         signature = key_signature(layout)
         vector = np.concatenate([*parts, [signature, signature * signature]])
+        spread = [key for key in self.spread_keys if key in values]
         if self._comm.size == 1:
-            total = vector
+            total, per_rank = vector, vector[None, :]
         else:
             try:
-                total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
+                if self.spread_keys:
+                    total, per_rank = self._gather(vector, keys, layout, tag)
+                else:
+                    total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
+            except MetricKeyMismatchError:
+                raise
             except Exception:  # noqa: BLE001 - Horovod refuses vectors of different lengths
                 self._raise_if_layouts_differ(keys, layout, tag)
                 raise
-            size = self._comm.size
-            if total[-2] != size * signature or total[-1] != size * signature * signature:
-                self._raise_if_layouts_differ(keys, layout, tag)
+        size = self._comm.size
+        if total[-2] != size * signature or total[-1] != size * signature * signature:
+            self._raise_if_layouts_differ(keys, layout, tag)
+        self.spread = {}
+        for key in spread:
+            column = per_rank[:, keys.index(key)]
+            self.spread.update({f"{key}_rank_min": float(column.min()), f"{key}_rank_max": float(column.max())})
         return self._finish(keys, total, states)
+
+    def _gather(
+        self, vector: np.ndarray, keys: list[str], layout: list[str], tag: str
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """All ranks' vectors (each prefixed by its length) in one allgather: their sum, and one row per rank."""
+        gathered = self._comm.allgather(np.concatenate([[float(vector.size)], vector]), name=f"hvd_mlflow.{tag}")
+        rows, at = [], 0
+        while at < gathered.size:
+            length = int(gathered[at])
+            rows.append(gathered[at + 1 : at + 1 + length])
+            at += 1 + length
+        if len({row.size for row in rows}) != 1:
+            self._raise_if_layouts_differ(keys, layout, tag)
+        per_rank = np.stack(rows)
+        return per_rank.sum(axis=0), per_rank
 
     def _finish(self, keys: list[str], total: np.ndarray, states: list[MetricState]) -> dict[str, float]:
         n = len(keys)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import destination, guard, keras_flavour, topology
+from . import destination, elastic, guard, keras_flavour, topology
 from ._log import logger
 from .callback import HorovodMlflowCallback
 from .config import Options
@@ -35,6 +35,10 @@ def autolog(
     journal_dir: str | None = None,
     guard_other_ranks: bool | None = None,
     csv_path: str | None = None,
+    log_every_n_steps: int | None = None,
+    rank_spread: Sequence[str] | str | None = None,
+    resume: str | None = None,
+    log_models: bool | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -74,6 +78,20 @@ def autolog(
         csv_path: rank 0 also writes the global values there with Keras' own ``CSVLogger`` (the format of the
             usual ``MetricAverageCallback`` + ``CSVLogger`` recipe), appending when ``fit`` resumes
             (``HVD_MLFLOW_CSV_PATH``).
+        log_every_n_steps: also log batch-level values every N batches as ``batch/<name>`` at the global step
+            (the optimizer's iterations), reduced over ranks (``HVD_MLFLOW_LOG_EVERY_N_STEPS``, default 0: off).
+        rank_spread: keys whose minimum and maximum over ranks are logged too, as ``<key>_rank_min`` and
+            ``<key>_rank_max`` (``HVD_MLFLOW_RANK_SPREAD="loss,val_loss"``).
+        resume: ``"skip"`` (default): when the run already holds epochs (a restarted job, a second ``fit``),
+            points at or below a metric's last logged step are not sent again and unchanged params are fine
+            (changed ones: a warning and a ``param_changed.<name>`` tag); ``"log"``: send everything
+            (``HVD_MLFLOW_RESUME``).
+        log_models: rank 0 logs the trained model at the end of ``fit``: an MLflow model where the server
+            supports logged models, plain artifacts under ``model/`` on AzureML (``HVD_MLFLOW_LOG_MODELS``;
+            default on outside AzureML jobs, off inside them).
+
+    Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
+    ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
     """
     global _settings
     _require_mlflow()
@@ -92,8 +110,12 @@ def autolog(
         "flush_timeout": flush_timeout,
         "run_wait": run_wait,
         "journal_dir": journal_dir,
+        "log_every_n_steps": log_every_n_steps,
+        "rank_spread": rank_spread,
+        "resume": resume,
         "run_id": destination.run_id_from_environment(),
     }
+    Options.resolve(**{k: v for k, v in _settings.items() if k != "run_id"})  # bad values fail here, not in fit
     _csv_path["path"] = Options.resolve(csv_path=csv_path).csv_path
     if Options.resolve(guard_other_ranks=guard_other_ranks).guard_other_ranks:
         import mlflow
@@ -136,7 +158,9 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(self, *args, **kwargs)
             settings = dict(_settings)
             captured_run_id = settings.pop("run_id")
-            callback = HorovodMlflowCallback(model=self, **settings)
+            callback = HorovodMlflowCallback(
+                model=self, elastic_state=elastic.state_from_callbacks(callbacks), **settings
+            )
             if captured_run_id and not callback._captured_run_id:
                 callback._captured_run_id = captured_run_id
             callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
@@ -146,7 +170,9 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         try:
             return original(*bound.args, **bound.kwargs)
-        except BaseException:
+        except BaseException as error:
+            if elastic.is_reset(error):  # fit runs again after the reset: leave the run open
+                callback._finish(None, timeout=5.0)
             callback._finish("FAILED")
             raise
         finally:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import collectives, destination, journal, keras_flavour, metric_state, run_params, topology
+from . import collectives, destination, elastic, journal, keras_flavour, metric_state, run_params, topology
 from ._log import logger, set_silent, warn_once
 from .aggregate import Reducer, numeric_entries, write_back
 from .config import Options
@@ -41,26 +41,36 @@ class HorovodMlflowCallback:
         hvd.init()
         model.fit(x, y, epochs=10, callbacks=[hvd_mlflow.HorovodMlflowCallback(model=model), ...])
 
+    With Horovod elastic (``hvd.elastic.run``), pass the elastic state: steps follow ``state.epoch``, and after
+    a reset the new rank 0 continues the same run (see :mod:`hvd_mlflow.elastic`).
+
     Args:
         model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or
             ``tf_keras``); without it the flavour is the one ``tf.keras`` resolves to.
         flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
+        elastic_state: the ``hvd.elastic`` Keras state, under elastic training.
         **options: ``reduction``, ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
-            ``silent``: see :class:`hvd_mlflow.config.Options`; each defaults to its ``HVD_MLFLOW_*``
-            environment variable.
+            ``silent``, ``log_every_n_steps``, ``rank_spread``, ``resume``: see :class:`hvd_mlflow.config.Options`;
+            each defaults to its ``HVD_MLFLOW_*`` environment variable.
     """
 
     _flavour: str | None = None  # set on the concrete per-flavour subclasses
 
-    def __new__(cls, *args: Any, model: Any = None, flavour: str | None = None, **kwargs: Any):
+    def __new__(cls, *args: Any, model: Any = None, flavour: str | None = None, **kwargs: Any):  # noqa: D102
         if cls._flavour is None:
             chosen = flavour or (keras_flavour.of_model(model) if model is not None else keras_flavour.of_tf_keras())
             cls = _concrete_class(chosen)
         return object.__new__(cls)
 
-    def __init__(self, *, model: Any = None, flavour: str | None = None, **options: Any) -> None:
+    def __init__(
+        self, *, model: Any = None, flavour: str | None = None, elastic_state: Any = None, **options: Any
+    ) -> None:
         super().__init__()
-        autolog_only = {"guard_other_ranks": "", "csv_path": " (add keras.callbacks.CSVLogger after this callback)"}
+        autolog_only = {
+            "guard_other_ranks": "",
+            "csv_path": " (add keras.callbacks.CSVLogger after this callback)",
+            "log_models": "",
+        }
         for name, hint in autolog_only.items():
             if name in options:
                 raise TypeError(f"{name} is an option of hvd_mlflow.autolog() only{hint}")
@@ -68,6 +78,9 @@ class HorovodMlflowCallback:
         set_silent(self.options.silent)
         self.run_id: str | None = None
         self._captured_run_id = destination.run_id_from_environment()
+        self._elastic_state = elastic_state
+        self._epoch_offset: int | None = None
+        self._batches_seen = 0
         self._batch_size: int | None = None
         self._run_logger: RunLogger | None = None
         self._reducer: Reducer | None = None
@@ -90,25 +103,67 @@ class HorovodMlflowCallback:
         super().set_model(model)
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
+        interrupted = not self._finished  # the previous fit was cut by an elastic reset: this is a restart
         self._finished = False
         self._params_logged = False
+        self._epoch_offset = None
         self._comm = collectives.current()
-        self._reducer = Reducer(self._comm, self.options.reduction)
+        self._reducer = Reducer(self._comm, self.options.reduction, spread=self.options.rank_spread)
         if self.options.reduction == "exact" and self._comm.rank == 0:
             self._warn_non_additive()
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
-        run_id = None
-        if self._comm.rank == 0 and topology.current().is_chief:
-            run_id = self._start_logging()
+        link = elastic.link(self._elastic_state) if self._elastic_state is not None else None
+        leader = self._comm.rank == 0 and topology.current().is_chief
+        if interrupted and self._run_logger is not None and not leader:
+            self._finish(None, timeout=5.0)  # no longer rank 0: the new rank 0 replays what this did not send
+            self._finished = False
+        run_id, owns_run = (link.run_id, link.owns_run) if link else (None, False)
+        if leader and self._run_logger is None:
+            run_id, owns_run = self._start_logging(link)
+        elif leader:
+            run_id = self.run_id  # the same rank 0 as before the reset: same journal, same sender
         if self._comm.size > 1:
-            run_id = self._comm.broadcast_object(run_id, name="hvd_mlflow.run_id")
+            run_id, owns_run = self._comm.broadcast_object((run_id, owns_run), name="hvd_mlflow.run_id")
         self.run_id = run_id
+        if link is not None:
+            link.run_id, link.owns_run = run_id or link.run_id, owns_run or link.owns_run
+            self._params_logged = link.params_logged
+            if self._run_logger is not None and not interrupted:
+                for step, (timestamp_ms, values) in link.history.items():  # what the old rank 0 may not have sent
+                    self._run_logger.log_metrics(step, values, timestamp_ms=timestamp_ms)
+
+    def _implements_train_batch_hooks(self) -> bool:  # tf_keras: skip per-batch calls unless they are used
+        return self.options.log_every_n_steps > 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        every = self.options.log_every_n_steps
+        if every <= 0 or logs is None or self._reducer is None:
+            return
+        step = run_params.optimizer_iterations(self.model)
+        self._batches_seen += 1
+        if step is None:
+            step = self._batches_seen
+        if step % every:
+            return
+        states = [metric_state.capture(self.model, prefix="")] if self.options.reduction != "mean" else []
+        global_values = self._reducer.reduce(numeric_entries(logs), tag="batch", states=states)
+        write_back(logs, global_values)
+        names = self._metric_names(global_values)
+        if self._run_logger is not None:
+            logged = {f"batch/{names[k]}": v for k, v in global_values.items()}
+            logged.update({f"batch/{k}": v for k, v in self._reducer.spread.items()})
+            self._run_logger.log_metrics(step, logged)
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
         self._epoch_start = time.perf_counter()
+        if self._epoch_offset is None:
+            state = self._elastic_state
+            self._epoch_offset = int(state.epoch) - epoch if state is not None else 0
         if self._run_logger is not None and not self._params_logged:
             self._params_logged = True
+            if self._elastic_state is not None:
+                elastic.link(self._elastic_state).params_logged = True
             params = run_params.training_params(
                 self.params or {},
                 self.model,
@@ -139,11 +194,18 @@ class HorovodMlflowCallback:
         global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch", states=states)
         write_back(logs, global_values)
         names = self._metric_names(global_values)  # the same on every rank: a collision fails them all
+        step = epoch + (self._epoch_offset or 0)
+        if self._run_logger is None and self._elastic_state is None:
+            return
+        logged = {names[k]: v for k, v in global_values.items()}
+        logged.update(self._reducer.spread)
+        for key, value in self._dynamics().items():
+            logged.setdefault(key, value)
+        timestamp_ms = int(time.time() * 1000)
+        if self._elastic_state is not None:  # every rank keeps it: any of them may be rank 0 after a reset
+            elastic.link(self._elastic_state).remember(step, timestamp_ms, logged)
         if self._run_logger is not None:
-            logged = {names[k]: v for k, v in global_values.items()}
-            for key, value in self._dynamics().items():
-                logged.setdefault(key, value)
-            self._run_logger.log_metrics(epoch, logged)
+            self._run_logger.log_metrics(step, logged, timestamp_ms=timestamp_ms)
 
     def _dynamics(self) -> dict[str, float]:
         """Rank 0's per-epoch extras: the learning rate now, the epoch's wall time, global samples per second."""
@@ -164,14 +226,15 @@ class HorovodMlflowCallback:
     def _set_fit_arguments(self, batch_size: int | None) -> None:
         self._batch_size = batch_size
 
-    def _finish(self, status: str) -> None:
-        """Flush (bounded) and end the run if hvd-mlflow created it; safe to call twice."""
+    def _finish(self, status: str | None, timeout: float | None = None) -> None:
+        """Flush (bounded) and end the run if hvd-mlflow created it (``status`` None: leave it open); safe to
+        call twice."""
         if self._finished:
             return
         self._finished = True
         run_logger, self._run_logger = self._run_logger, None
         if run_logger is not None:
-            run_logger.close(status, timeout=self.options.flush_timeout)
+            run_logger.close(status, timeout=self.options.flush_timeout if timeout is None else timeout)
 
     def _warn_non_additive(self) -> None:
         names = metric_state.non_additive_names(self.model)
@@ -184,9 +247,10 @@ class HorovodMlflowCallback:
             )
 
     # -- rank 0 --------------------------------------------------------------------------------------
-    def _start_logging(self) -> str | None:
+    def _start_logging(self, link: elastic.ElasticLink | None) -> tuple[str | None, bool]:
+        """Open rank 0's journal and sender; the run id (if known within ``run_wait``) and whether we create it."""
         try:
-            dest = destination.resolve(self._captured_run_id)
+            dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
             tags = run_params.run_tags(
                 world_size=self._comm.size,
                 reduction=self.options.reduction,
@@ -194,9 +258,17 @@ class HorovodMlflowCallback:
                 extra=self.options.extra_tags,
             )
             directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
-            self._run_logger = RunLogger(dest, directory, run_tags=tags)
+            owns_run = dest.run_id is None or bool(link and link.owns_run)
+            self._run_logger = RunLogger(
+                dest,
+                directory,
+                run_tags=tags,
+                resume=self.options.resume,
+                owns_run=owns_run,
+                elastic=link is not None,
+            )
             if dest.run_id is not None:
-                return dest.run_id
+                return dest.run_id, owns_run
             run_id = self._run_logger.wait_for_run(self.options.run_wait)
             if run_id is None:
                 logger.info(
@@ -205,11 +277,11 @@ class HorovodMlflowCallback:
                     dest.display_uri,
                     self.options.run_wait,
                 )
-            return run_id
+            return run_id, owns_run
         except Exception as error:  # noqa: BLE001 - a logging problem must not stop the training
             logger.warning("hvd-mlflow: MLflow logging is off for this fit: %s", redact(str(error)))
             self._run_logger = None
-            return None
+            return None, False
 
 
 def _concrete_class(flavour: str) -> type:

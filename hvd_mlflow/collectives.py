@@ -1,6 +1,6 @@
 """The few collectives hvd-mlflow needs, on Horovod's ``horovod.tensorflow`` primitives.
 
-Horovod's Keras layer is broken on Keras 3, so only ``allreduce``, ``allgather_object`` and
+Horovod's Keras layer is broken on Keras 3, so only ``allreduce``, ``allgather``, ``allgather_object`` and
 ``broadcast_object`` are used. With one process, or Horovod not initialised, :class:`Solo` stands in and
 nothing is communicated.
 """
@@ -19,6 +19,7 @@ class Collectives(Protocol):
     size: int
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
+    def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
     def allgather_object(self, obj: Any, name: str) -> list[Any]: ...
     def broadcast_object(self, obj: Any, name: str) -> Any: ...
 
@@ -30,6 +31,9 @@ class Solo:
     size = 1
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        return values
+
+    def allgather(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:
@@ -49,6 +53,11 @@ class Horovod:
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         out = self._hvd.allreduce(np.ascontiguousarray(values), op=self._hvd.Sum, name=name)
+        return np.asarray(out.numpy() if hasattr(out, "numpy") else out, dtype=values.dtype)
+
+    def allgather(self, values: np.ndarray, name: str) -> np.ndarray:
+        """Every rank's 1-D ``values``, concatenated in rank order (lengths may differ)."""
+        out = self._hvd.allgather(np.ascontiguousarray(values), name=name)
         return np.asarray(out.numpy() if hasattr(out, "numpy") else out, dtype=values.dtype)
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:

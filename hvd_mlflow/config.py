@@ -32,6 +32,18 @@ class Options:
             ``CSVLogger`` (the seed recipe's format), so existing pandas notebooks keep working.
         guard_other_ranks: with ``autolog()``, MLflow writes from user code on ranks other than 0 do nothing
             (see :mod:`hvd_mlflow.guard`).
+        log_every_n_steps: also log batch-level values every N training batches (0: off), under
+            ``batch/<name>`` keys at the global step (the optimizer's iteration count), reduced over ranks like
+            the epoch values. Keras reports at a batch the running value since the epoch began.
+        rank_spread: metric keys (e.g. ``loss,val_loss``) whose minimum and maximum over ranks are logged too,
+            as ``<key>_rank_min`` / ``<key>_rank_max``, from the same collective (to spot a bad shard).
+        resume: what to do with epochs the run already holds (a restarted job attaching to its run, a second
+            ``fit``): ``skip`` (default) sends nothing at or below a metric's last logged step and keeps params
+            that are unchanged (changed ones are warned about and logged as ``param_changed.<name>`` tags);
+            ``log`` sends everything again.
+        log_models: with ``autolog()``, rank 0 saves the trained model at the end of ``fit``: an MLflow model
+            where the server supports logged models, plain artifacts (``model/``) on AzureML. Default: on
+            outside AzureML jobs, off inside them (``HVD_MLFLOW_LOG_MODELS=1`` turns it on).
     """
 
     reduction: str = "exact"
@@ -43,6 +55,10 @@ class Options:
     silent: bool = False
     guard_other_ranks: bool = True
     csv_path: str = ""
+    log_every_n_steps: int = 0
+    rank_spread: tuple[str, ...] = ()
+    resume: str = "skip"
+    log_models: bool | None = None
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:
@@ -62,6 +78,13 @@ class Options:
         options = cls(**values)
         if options.reduction not in ("exact", "weighted", "mean"):
             raise ValueError(f"reduction={options.reduction!r}: choose exact, weighted or mean")
+        if options.resume not in ("skip", "log"):
+            raise ValueError(f"resume={options.resume!r}: choose skip or log")
+        if options.log_every_n_steps < 0:
+            raise ValueError(f"log_every_n_steps={options.log_every_n_steps}: give 0 (off) or a positive number")
+        spread = options.rank_spread
+        spread = _split(spread) if isinstance(spread, str) else tuple(str(key) for key in spread)
+        options = dataclasses.replace(options, rank_spread=spread)
         return options
 
 
@@ -70,7 +93,11 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
     try:
         if kind == "float":
             return float(raw)
-        if kind == "bool":
+        if kind == "int":
+            return int(raw)
+        if kind.startswith("tuple"):
+            return _split(raw)
+        if kind.startswith("bool"):
             if raw.strip().lower() in ("1", "true", "yes", "on"):
                 return True
             if raw.strip().lower() in ("0", "false", "no", "off"):
@@ -84,3 +111,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
             f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}; unset it or give a valid value"
         ) from None
     return raw
+
+
+def _split(raw: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in raw.split(",") if item.strip())

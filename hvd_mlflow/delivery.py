@@ -10,12 +10,19 @@ be repeated without harm:
   store drops exact duplicates). Servers that would store it twice (AzureML accepts several values at one
   step) are covered by checking, after any failed request, whether it was applied before resending it.
 
+Resuming (``resume="skip"``, the default): when the journal's run already existed (a restarted job attaching to
+its run, a second ``fit``, a new rank 0 after an elastic reset, ``sync`` of an old journal), the run is read
+once before anything is sent: a metric point at or below that metric's last logged step is not sent again
+(counted and warned about once), a param equal to the logged one is not sent, and a param whose value changed
+(MLflow refuses to change params) is warned about and logged as the tag ``param_changed.<name>``.
+
 HTTP retries (408/429/5xx, connection errors, ``Retry-After``) are MLflow's own. An error the server will
 repeat (4xx) is not retried forever: the entry is isolated, marked rejected in the journal, and warned about.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -54,6 +61,9 @@ class Uploader:
         # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
         self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
+        self._created_here = False
+        self._existing: _ExistingRun | None = None  # what the run held when we attached to it
+        self.skipped_points = 0
 
     @property
     def run_id(self) -> str | None:
@@ -76,6 +86,7 @@ class Uploader:
         self.journal.set_meta({"create_attempted": "1"})
         tags = {**json.loads(self.meta.get("run_tags") or "{}"), JOURNAL_ID_TAG: journal_id}
         run = self.client.create_run(experiment_id, tags=tags)
+        self._created_here = True
         return self._remember_run(run.info.run_id)
 
     def _experiment_id(self) -> str:
@@ -115,6 +126,8 @@ class Uploader:
         """
         run_id = self.ensure_run()
         settled = self._settle_unsure(run_id)
+        if self._existing is None:
+            self._existing = self._read_existing(run_id)
         entries = self.journal.pending(_READ_AHEAD)
         for kind, group in _groups(entries, self._isolate):
             try:
@@ -145,12 +158,22 @@ class Uploader:
             self._isolate = False
         return settled
 
+    def _read_existing(self, run_id: str) -> _ExistingRun:
+        """What the run holds already, when it is not one this uploader just created and the policy skips."""
+        if self._created_here or self.meta.get("resume", "skip") != "skip":
+            return _ExistingRun({}, {})
+        data = self.client.get_run(run_id).data
+        last_steps = {m.key: m.step for m in getattr(data, "_metric_objs", [])}
+        return _ExistingRun(last_steps, dict(data.params))
+
     def _send_params_tags(self, run_id: str, group: list[Entry]) -> int:
         from mlflow.entities import Param, RunTag
 
         params = [Param(k, str(v)) for e in group if e.kind == "params" for k, v in e.payload.items()]
         tags = [RunTag(k, str(v)) for e in group if e.kind == "tags" for k, v in e.payload.items()]
-        self.client.log_batch(run_id, params=params, tags=tags)
+        params, tags = self._resumed_params(params, tags)
+        if params or tags:
+            self.client.log_batch(run_id, params=params, tags=tags)
         self.journal.acknowledge([e.seq for e in group])
         return len(group)
 
@@ -177,18 +200,56 @@ class Uploader:
         self.journal.acknowledge([entry.seq])
         return 1
 
+    def _resumed_params(self, params: list[Any], tags: list[Any]) -> tuple[list[Any], list[Any]]:
+        """Params the run already holds: equal ones are dropped, changed ones become tags (with a warning)."""
+        from mlflow.entities import RunTag
+
+        logged = self._existing.params if self._existing else {}
+        changed = [p for p in params if p.key in logged and logged[p.key] != p.value]
+        if changed:
+            logger.warning(
+                "hvd-mlflow: the run already has different values for param(s) %s (MLflow cannot change a "
+                "param); the new values are logged as tags param_changed.<name>",
+                ", ".join(f"{p.key}: {logged[p.key][:50]!r} -> {p.value[:50]!r}" for p in changed),
+            )
+        kept = [p for p in params if p.key not in logged]
+        return kept, [*tags, *(RunTag(f"param_changed.{p.key}", p.value) for p in changed)]
+
+    def _not_logged_yet(self, records: list[EpochRecord]) -> list[EpochRecord]:
+        """``records`` without the points the run held at or below their metric's last step when attached."""
+        last = self._existing.last_steps if self._existing else {}
+        if not last:
+            return records
+        out = []
+        for record in records:
+            kept = {k: v for k, v in record.metrics.items() if k not in last or record.step > last[k]}
+            skipped = len(record.metrics) - len(kept)
+            if skipped and not self.skipped_points:
+                # after an elastic reset the new rank 0 replays recent epochs on purpose: no warning then
+                (logger.info if self.meta.get("elastic") == "1" else logger.warning)(
+                    "hvd-mlflow: the run already holds %s at step %d (and maybe later steps): points at or below "
+                    "a metric's last logged step are not sent again (resume='skip'). Pass fit(initial_epoch=...) "
+                    "to continue a run, or set resume='log' to log them anyway.",
+                    sorted(set(record.metrics) - set(kept))[:5],
+                    record.step,
+                )
+            self.skipped_points += skipped
+            out.append(EpochRecord(record.step, record.timestamp_ms, kept))
+        return out
+
     def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
         from mlflow.entities import Metric
 
-        records = [EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group]
+        records = self._not_logged_yet([EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group])
         done = 0
         for request in batching.metric_requests(
             records, self.limits.metrics_per_request, self.limits.values_per_key_per_request
         ):
             seqs = [e.seq for e in group[done : done + request.completes]]
-            self._unsure = (seqs, request.points[-1]) if request.points else None
-            self.client.log_batch(run_id, metrics=[Metric(*p) for p in request.points])
-            self._unsure = None
+            if request.points:
+                self._unsure = (seqs, request.points[-1])
+                self.client.log_batch(run_id, metrics=[Metric(*p) for p in request.points])
+                self._unsure = None
             self.journal.acknowledge(seqs)
             done += request.completes
         return done
@@ -211,6 +272,12 @@ class Uploader:
             self.journal.acknowledge(seqs)
             return len(seqs)
         return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _ExistingRun:
+    last_steps: dict[str, int]  # metric key -> its last logged step
+    params: dict[str, str]
 
 
 def _end_run(client: Any, run_id: str, status: str) -> None:

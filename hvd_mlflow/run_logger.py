@@ -33,7 +33,15 @@ class RunLogger:
         run_logger.close("FINISHED", timeout=60)
     """
 
-    def __init__(self, dest: Destination, journal_dir: Path, run_tags: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        dest: Destination,
+        journal_dir: Path,
+        run_tags: Mapping[str, str] | None = None,
+        resume: str = "skip",
+        owns_run: bool = False,
+        elastic: bool = False,
+    ):
         self.limits = limits.for_tracking_uri(dest.tracking_uri)
         self._param_names = NameMap(self.limits.name_length, what="param")
         meta = {
@@ -43,6 +51,10 @@ class RunLogger:
             "experiment_id": dest.experiment_id,
             "experiment_name": dest.experiment_name,
             "job_mode": "1" if dest.job_mode else "0",
+            "resume": resume,
+            "elastic": "1" if elastic else "0",
+            # a run hvd-mlflow created in another process (elastic): this one ends it
+            **({"created_run": "1"} if owns_run and dest.run_id else {}),
             "run_tags": json.dumps(_context_tags()),
             "pid": str(os.getpid()),
             "host": socket.gethostname(),
@@ -75,14 +87,15 @@ class RunLogger:
             self.journal.append("tags", dict(part))
         self.sender.notify()
 
-    def log_metrics(self, step: int, values: Mapping[str, float]) -> None:
-        self.journal.append("metrics", values, step=step, timestamp_ms=int(time.time() * 1000))
+    def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:
+        when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        self.journal.append("metrics", values, step=step, timestamp_ms=when)
         self.sender.notify()
 
     def wait_for_run(self, timeout: float) -> str | None:
         return self.sender.wait_for_run(timeout)
 
-    def close(self, status: str, timeout: float) -> bool:
+    def close(self, status: str | None, timeout: float) -> bool:
         return self.sender.close(status, timeout)
 
     @staticmethod

@@ -42,6 +42,13 @@ def current_learning_rate(model: Any) -> float | None:
     return scalar(rate) if rate is not None else None
 
 
+def optimizer_iterations(model: Any) -> int | None:
+    """The optimizer's step count (the global step: the same on every rank), if the model has one."""
+    iterations = getattr(getattr(model, "optimizer", None), "iterations", None)
+    value = scalar(iterations) if iterations is not None else None
+    return int(value) if value is not None else None
+
+
 def optimizer_params(model: Any) -> dict[str, str]:
     optimizer = getattr(model, "optimizer", None)
     if optimizer is None:

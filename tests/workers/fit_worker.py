@@ -82,6 +82,16 @@ def spy(args: argparse.Namespace) -> None:
 
         return hook
 
+    if args.log_every_n_steps:
+        original_batch_end = callback_list.on_train_batch_end
+
+        def on_train_batch_end(self, batch, logs=None):
+            iterations = int(np.asarray(self.model.optimizer.iterations))
+            local = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
+            record.setdefault("local_batches", []).append({"iterations": iterations, **local})
+            return original_batch_end(self, batch, logs)
+
+        callback_list.on_train_batch_end = on_train_batch_end
     callback_list.on_epoch_end = on_epoch_end
     callback_list.on_epoch_begin = on_epoch_begin
     callback_list.on_train_begin = timed("on_train_begin")
@@ -164,6 +174,11 @@ def main() -> None:
     parser.add_argument("--reduction", default=None)
     parser.add_argument("--early-stopping", action="store_true", help="EarlyStopping(val_loss), noisy shards")
     parser.add_argument("--lr-schedule", action="store_true", help="learning rate 0.1 * 0.9 ** step")
+    parser.add_argument("--log-every-n-steps", type=int, default=0)
+    parser.add_argument("--rank-spread", default="", help="comma-separated keys")
+    parser.add_argument("--initial-epoch", type=int, default=0)
+    parser.add_argument("--then-fit-to", type=int, default=0, help="a second fit, from --epochs to this epoch")
+    parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
     args = parser.parse_args()
     if args.audit:
         audit_connections()
@@ -179,6 +194,12 @@ def main() -> None:
     options = {"extra_params": {f"hp_{i:03d}": i for i in range(args.params)}} if args.params else {}
     if args.reduction:
         options["reduction"] = args.reduction
+    if args.log_every_n_steps:
+        options["log_every_n_steps"] = args.log_every_n_steps
+    if args.rank_spread:
+        options["rank_spread"] = args.rank_spread.split(",")
+    if args.attempt:
+        options["extra_params"] = {**options.get("extra_params", {}), "attempt": args.attempt}
     extra = args.extra_metrics or args.odd_names or args.collision or args.epoch_sleep
     if not (args.explicit_callback or extra):
         hvd_mlflow.autolog(**options)
@@ -218,8 +239,13 @@ def main() -> None:
         validation_data=None if args.no_validation else (xv, yv),
         callbacks=callbacks,
         verbose=0,
+        initial_epoch=args.initial_epoch,
     )
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
+        more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,
+                         validation_data=(xv, yv), callbacks=callbacks, verbose=0)  # fmt: skip
+        record["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
     if args.uneven and rank == 0:  # the same weights evaluated in one process on every rank's samples together
         union = [data(r, sizes[r]) for r in range(hvd.size())]
         union_val = [data(r, sizes[r] // 2, seed=10) for r in range(hvd.size())]
