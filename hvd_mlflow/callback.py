@@ -160,10 +160,10 @@ class HorovodMlflowCallback:
         if self._epoch_offset is None:
             state = self._elastic_state
             self._epoch_offset = int(state.epoch) - epoch if state is not None else 0
+        if self._elastic_state is not None:  # every rank: whoever is rank 0 after a reset does not log them again
+            elastic.link(self._elastic_state).params_logged = True
         if self._run_logger is not None and not self._params_logged:
             self._params_logged = True
-            if self._elastic_state is not None:
-                elastic.link(self._elastic_state).params_logged = True
             params = run_params.training_params(
                 self.params or {},
                 self.model,

@@ -62,7 +62,7 @@ class Uploader:
         self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
         self._created_here = False
-        self._existing: _ExistingRun | None = None  # what the run held when we attached to it
+        self._existing: _ExistingRun | None = None  # what the run holds: read when attached, then kept up
         self.skipped_points = 0
 
     @property
@@ -159,8 +159,10 @@ class Uploader:
         return settled
 
     def _read_existing(self, run_id: str) -> _ExistingRun:
-        """What the run holds already, when it is not one this uploader just created and the policy skips."""
-        if self._created_here or self.meta.get("resume", "skip") != "skip":
+        """What the run holds already (nothing when this uploader just created it); policy ``log``: no skipping."""
+        if self.meta.get("resume", "skip") != "skip":
+            return _ExistingRun({}, {}, skip=False)
+        if self._created_here:
             return _ExistingRun({}, {})
         data = self.client.get_run(run_id).data
         last_steps = {m.key: m.step for m in getattr(data, "_metric_objs", [])}
@@ -216,13 +218,15 @@ class Uploader:
         return kept, [*tags, *(RunTag(f"param_changed.{p.key}", p.value) for p in changed)]
 
     def _not_logged_yet(self, records: list[EpochRecord]) -> list[EpochRecord]:
-        """``records`` without the points the run held at or below their metric's last step when attached."""
-        last = self._existing.last_steps if self._existing else {}
-        if not last:
+        """``records`` without the points at or below their metric's last step in the run (what the run held
+        when attached, and what was sent since): an epoch repeated after a restart is logged once."""
+        if self._existing is None or not self._existing.skip:
             return records
+        last = dict(self._existing.last_steps)  # advanced record by record: a repeat within ``records`` too
         out = []
         for record in records:
             kept = {k: v for k, v in record.metrics.items() if k not in last or record.step > last[k]}
+            last.update({k: record.step for k in kept})
             skipped = len(record.metrics) - len(kept)
             if skipped and not self.skipped_points:
                 # after an elastic reset the new rank 0 replays recent epochs on purpose: no warning then
@@ -250,6 +254,8 @@ class Uploader:
                 self._unsure = (seqs, request.points[-1])
                 self.client.log_batch(run_id, metrics=[Metric(*p) for p in request.points])
                 self._unsure = None
+                if self._existing is not None:
+                    self._existing.sent(request.points)
             self.journal.acknowledge(seqs)
             done += request.completes
         return done
@@ -274,10 +280,15 @@ class Uploader:
         return 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class _ExistingRun:
-    last_steps: dict[str, int]  # metric key -> its last logged step
+    last_steps: dict[str, int]  # metric key -> its last step in the run
     params: dict[str, str]
+    skip: bool = True  # resume="skip"
+
+    def sent(self, points: list[tuple[str, float, int, int]]) -> None:
+        for key, _value, _timestamp, step in points:
+            self.last_steps[key] = max(step, self.last_steps.get(key, step))
 
 
 def _end_run(client: Any, run_id: str, status: str) -> None:

@@ -1,0 +1,87 @@
+"""Horovod elastic training (tf_keras / Keras 2) with hvd-mlflow's autolog, for the elastic test.
+
+Each process appends, per epoch it completes, a line to ``epochs-<pid>.jsonl`` in ``--out``: the elastic
+state's epoch (the global epoch), this process's rank and the world size then, Keras' local logs (recorded
+before any callback runs) and the logs after every callback (the global values). The process that starts as
+rank 0 SIGKILLs itself at the end of global epoch ``--kill-at``, after every callback (the commit included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+import hvd_mlflow
+
+keras = tf.keras
+
+
+def data(rank: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(100 + rank + seed)
+    x = rng.normal(loc=0.4 * rank, size=(n, 8)).astype("float32")
+    y = (x.sum(axis=1) + rng.normal(size=n) > 0.5 * rank).astype("float32")
+    return x, y
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--kill-at", type=int, default=2)
+    args = parser.parse_args()
+    hvd.init()
+    started_as_rank0 = hvd.rank() == 0
+    logging.basicConfig(level=logging.INFO, format=f"[pid {os.getpid()}] %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
+    hvd_mlflow.autolog()
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential(
+        [keras.Input(shape=(8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, "sigmoid")]
+    )
+    model.compile(
+        optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="binary_crossentropy",
+        metrics=["accuracy"],
+    )  # fmt: skip
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+    log_file = args.out / f"epochs-{os.getpid()}.jsonl"
+
+    callback_list = keras.callbacks.CallbackList
+    original = callback_list.on_epoch_end
+
+    def on_epoch_end(self, epoch, logs=None):
+        global_epoch = int(state.epoch)  # Horovod's UpdateEpochStateCallback moves it on after this
+        local = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
+        result = original(self, epoch, logs)
+        line = {"epoch": global_epoch, "time": time.time(), "rank": hvd.rank(), "size": hvd.size(), "local": local,
+                "global": {k: float(np.asarray(v)) for k, v in logs.items()}}  # fmt: skip
+        with log_file.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if started_as_rank0 and global_epoch == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    callback_list.on_epoch_end = on_epoch_end
+    callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state)]
+
+    @hvd.elastic.run
+    def train(state):
+        x, y = data(hvd.rank(), 96)
+        xv, yv = data(hvd.rank(), 48, seed=10)
+        model.fit(x, y, batch_size=16, epochs=args.epochs - state.epoch, validation_data=(xv, yv),
+                  callbacks=callbacks, verbose=0)  # fmt: skip
+
+    train(state)
+    (args.out / f"done-{os.getpid()}.json").write_text(json.dumps({"epoch": int(state.epoch)}))
+
+
+if __name__ == "__main__":
+    main()
