@@ -113,6 +113,7 @@ def autolog(
         "log_every_n_steps": log_every_n_steps,
         "rank_spread": rank_spread,
         "resume": resume,
+        "log_models": log_models,
         "run_id": destination.run_id_from_environment(),
     }
     Options.resolve(**{k: v for k, v in _settings.items() if k != "run_id"})  # bad values fail here, not in fit

@@ -7,7 +7,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import collectives, destination, elastic, journal, keras_flavour, metric_state, run_params, topology
+from . import (
+    collectives,
+    destination,
+    elastic,
+    journal,
+    keras_flavour,
+    metric_state,
+    model_logging,
+    run_params,
+    topology,
+)
 from ._log import logger, set_silent, warn_once
 from .aggregate import Reducer, numeric_entries, write_back
 from .config import Options
@@ -69,7 +79,6 @@ class HorovodMlflowCallback:
         autolog_only = {
             "guard_other_ranks": "",
             "csv_path": " (add keras.callbacks.CSVLogger after this callback)",
-            "log_models": "",
         }
         for name, hint in autolog_only.items():
             if name in options:
@@ -220,7 +229,29 @@ class HorovodMlflowCallback:
         return out
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        if self._run_logger is not None and self._logs_models():
+            self._log_model()
         self._finish("FINISHED")
+
+    def _logs_models(self) -> bool:
+        """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside."""
+        if self.options.log_models is not None:
+            return self.options.log_models
+        import mlflow
+
+        return not destination.is_azureml_job(mlflow.get_tracking_uri())
+
+    def _log_model(self) -> None:
+        import mlflow
+
+        run_id = self.run_id or (self._run_logger.wait_for_run(self.options.run_wait) if self._run_logger else None)
+        if run_id is None:
+            logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
+            return
+        as_artifacts = mlflow.get_tracking_uri().startswith("azureml:")  # AzureML has no logged-models API
+        model_logging.log_model(
+            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=self.options.flush_timeout
+        )
 
     # -- used by autolog -------------------------------------------------------------------------------
     def _set_fit_arguments(self, batch_size: int | None) -> None:

@@ -41,7 +41,7 @@ class Options:
             ``fit``): ``skip`` (default) sends nothing at or below a metric's last logged step and keeps params
             that are unchanged (changed ones are warned about and logged as ``param_changed.<name>`` tags);
             ``log`` sends everything again.
-        log_models: with ``autolog()``, rank 0 saves the trained model at the end of ``fit``: an MLflow model
+        log_models: rank 0 logs the trained model at the end of ``fit``: an MLflow model
             where the server supports logged models, plain artifacts (``model/``) on AzureML. Default: on
             outside AzureML jobs, off inside them (``HVD_MLFLOW_LOG_MODELS=1`` turns it on).
     """

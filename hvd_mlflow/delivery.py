@@ -40,14 +40,20 @@ DEFAULT_EXPERIMENT_ID = "0"
 _READ_AHEAD = 2000
 
 
-def is_permanent(error: BaseException) -> bool:
-    """Whether the server will give the same answer again (a 4xx other than 408 and 429)."""
+def http_status(error: BaseException) -> int | None:
+    """The HTTP status behind ``error``: MLflow's exceptions, or the Azure SDK's (AzureML artifacts)."""
     from mlflow.exceptions import MlflowException
 
     if isinstance(error, MlflowException):
-        status = error.get_http_status_code()
-        return 400 <= status < 500 and status not in (408, 429)
-    return False
+        return error.get_http_status_code()
+    status = getattr(error, "status_code", None) or getattr(getattr(error, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether the server will give the same answer again (a 4xx other than 408 and 429)."""
+    status = http_status(error)
+    return status is not None and 400 <= status < 500 and status not in (408, 429)
 
 
 class Uploader:
@@ -133,6 +139,8 @@ class Uploader:
             try:
                 if kind == "metrics":
                     settled += self._send_metrics(run_id, group)
+                elif kind == "artifact":
+                    settled += self._send_artifacts(run_id, group)
                 else:
                     settled += self._send_params_tags(run_id, group)
             except Exception as error:
@@ -177,6 +185,18 @@ class Uploader:
         if params or tags:
             self.client.log_batch(run_id, params=params, tags=tags)
         self.journal.acknowledge([e.seq for e in group])
+        return len(group)
+
+    def _send_artifacts(self, run_id: str, group: list[Entry]) -> int:
+        """Small JSON files (params over the run's limit). AzureML cannot overwrite an artifact: a 409 after a
+        resend means the first upload was applied."""
+        for entry in group:
+            try:
+                self.client.log_dict(run_id, entry.payload["content"], entry.payload["path"])
+            except Exception as error:
+                if http_status(error) != 409:
+                    raise
+            self.journal.acknowledge([entry.seq])
         return len(group)
 
     def _send_params_tags_one_by_one(self, run_id: str, entry: Entry) -> int:
@@ -310,13 +330,13 @@ def _groups(entries: list[Entry], isolate: bool) -> Iterator[tuple[str, list[Ent
     kind = ""
     size = 0
     for entry in entries:
-        entry_kind = "metrics" if entry.kind == "metrics" else "params_tags"
-        fits = entry_kind == "metrics" or size + len(entry.payload) <= 100
+        entry_kind = entry.kind if entry.kind in ("metrics", "artifact") else "params_tags"
+        fits = entry_kind != "params_tags" or size + len(entry.payload) <= 100
         if group and (isolate or entry_kind != kind or not fits):
             yield kind, group
             group, size = [], 0
         group.append(entry)
         kind = entry_kind
-        size += len(entry.payload) if entry_kind != "metrics" else 0
+        size += len(entry.payload) if entry_kind == "params_tags" else 0
     if group:
         yield kind, group

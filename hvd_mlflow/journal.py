@@ -34,7 +34,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS entries (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,              -- 'params', 'tags' or 'metrics'
+    kind TEXT NOT NULL,              -- 'params', 'tags', 'metrics' or 'artifact'
     step INTEGER,
     timestamp_ms INTEGER,
     payload TEXT NOT NULL,           -- JSON object: name -> value

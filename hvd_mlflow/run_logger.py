@@ -75,9 +75,25 @@ class RunLogger:
         self.sender.start()
 
     def log_params(self, params: Mapping[str, object]) -> None:
+        """Log ``params``; over the server's params-per-run limit (AzureML: 200), the rest go to a JSON artifact
+        ``hvd_mlflow/params-<journal id>.json`` with a warning."""
         names = self._param_names(params)
         clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()}
-        for part in batching.chunks(list(clean.items()), self.limits.params_tags_per_request):
+        items = list(clean.items())
+        limit = self.limits.params_per_run
+        if limit is not None and len(items) > limit:
+            items, over = items[:limit], dict(items[limit:])
+            path = f"hvd_mlflow/params-{self.journal.meta()['journal_id'][:12]}.json"
+            logger.warning(
+                "hvd-mlflow: this server keeps at most %d params per run; %d more (%s, ...) are logged in the "
+                "artifact %s instead",
+                limit,
+                len(over),
+                ", ".join(list(over)[:3]),
+                path,
+            )
+            self.journal.append("artifact", {"path": path, "content": over})
+        for part in batching.chunks(items, self.limits.params_tags_per_request):
             self.journal.append("params", dict(part))
         self.sender.notify()
 

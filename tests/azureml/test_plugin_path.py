@@ -18,7 +18,8 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
 
 def job(client, front: AzureMLFront, tmp_path, args: list[str], **extra: str):
-    experiment_id = client.create_experiment(f"azureml-job-{uuid.uuid4().hex[:8]}")
+    name = f"azureml-job-{uuid.uuid4().hex[:8]}"
+    experiment_id = client.create_experiment(name, artifact_location=front.artifact_location(name))
     run_id = client.create_run(experiment_id).info.run_id  # the control plane creates the job's run
     env = {**FAST_RETRIES, **front.job_environment(run_id, experiment_id), **extra}
     done = launch.run(tmp_path, args, env=env, timeout=400).check()
@@ -92,3 +93,37 @@ def test_a_sender_far_behind_never_trips_the_250_values_limit(tmp_path, client, 
     counts = check_run(client, run_id, ranks, epochs)
     report("azureml_250_limit", epochs=epochs, requests=len(per_request), max_epochs_per_request=max(per_request),
            **counts)  # fmt: skip
+
+
+def test_model_as_artifacts_and_params_over_200_in_an_artifact(tmp_path, client, front):
+    """log_models=True in a job: the model lands as artifacts through AzureML's artifact service (no
+    logged-models request); 300 params: 200 stay params (AzureML's limit), the rest go to a JSON artifact."""
+    import json
+
+    import numpy as np
+
+    run_id, ranks, done = job(client, front, tmp_path, ["--epochs", "2", "--params", "300", "--probe"],
+                              HVD_MLFLOW_LOG_MODELS="1")  # fmt: skip
+    assert front.rejected == []
+    assert not [r for r in front.requests if "logged-models" in r.path]
+    blobs = front.artifact_dir / f"dcid.{run_id}"
+    files = sorted(str(p.relative_to(blobs)) for p in blobs.rglob("*") if p.is_file())
+    assert "model/saved_model/saved_model.pb" in files, files
+    # the uploaded SavedModel is the trained model: it predicts what rank 0's model predicted
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(str(blobs / "model" / "saved_model"))
+    probe = np.asarray(ranks[0]["probe_x"], dtype="float32")
+    serve = loaded.signatures["serving_default"]
+    predicted = next(iter(serve(tf.constant(probe)).values())).numpy().ravel()
+    assert predicted == pytest.approx(np.asarray(ranks[0]["probe_y"]).ravel(), rel=1e-5, abs=1e-6)
+    # params: 200 in the run, the other 100 (all extra hyperparameters) in the artifact, none lost
+    params = client.get_run(run_id).data.params
+    assert len(params) == 200
+    [overflow_file] = [blobs / f for f in files if f.startswith("hvd_mlflow/params-")]
+    overflow = json.loads(overflow_file.read_text())
+    hp = {k: v for k, v in {**params, **overflow}.items() if k.startswith("hp_")}
+    assert hp == {f"hp_{i:03d}": str(i) for i in range(300)}
+    assert "at most 200 params per run" in done.output
+    assert client.get_run(run_id).info.status == "RUNNING"
+    report("azureml_models_params", files=len(files), params=len(params), params_in_artifact=len(overflow))

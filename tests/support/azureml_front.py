@@ -6,7 +6,11 @@ User-Agent carrying ``azureml-mlflow/<version>``, and paths under
 ``/mlflow/v2.0/subscriptions/<s>/resourceGroups/<g>/providers/Microsoft.MachineLearningServices/workspaces/<w>``.
 The front checks all of that, strips the prefix, forwards to the server and records every request. It also
 behaves as AzureML does where MLflow's server does not: the ``log-batch-async`` / ``get-run-data-status``
-endpoints, 400 for more than 250 values of one key in one request, 404 for the logged-models API.
+endpoints, 400 for more than 250 values of one key in one request, 404 for the logged-models API, and the
+artifact path the plugin takes (``/history/v1.0/.../artifacts/batch/metadata`` hands out blob URLs with a
+SAS, at most 100 paths per batch, no overwriting; the blobs are then PUT to the front and kept in
+``artifact_dir``). Runs get an ``azureml://.../experiments/<name>/runs/<id>/artifacts`` artifact URI when their
+experiment is created with :meth:`AzureMLFront.artifact_location`.
 What it cannot prove: Studio's rendering, real throttling thresholds, real token refresh.
 """
 
@@ -27,6 +31,12 @@ from tests.support.proxy import Fault, Proxy, Recorded, Respond
 
 SECRET = "offline-test-signing-key-of-32-bytes-or-more"
 SUBSCRIPTION, RESOURCE_GROUP, WORKSPACE = "00000000-1111-2222-3333-444444444444", "rg-offline", "ws-offline"
+HISTORY = re.compile(
+    r"^/history/v1\.0/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
+    r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)/experiments/(?P<exp>[^/]+)/runs/(?P<run>[^/]+)"
+    r"/artifacts/batch/metadata$"
+)
+MAX_ARTIFACTS_PER_BATCH = 100
 PREFIX = re.compile(
     r"^/mlflow/v2\.0/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
     r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)"
@@ -77,6 +87,7 @@ class AzureMLFront(Proxy):
     def __init__(self, upstream: str, folder: Path, fault: Fault | None = None) -> None:
         self.cert, self._key = self_signed_certificate(folder)
         self.rejected: list[tuple[str, str]] = []
+        self.artifact_dir = folder / "blobs"
         super().__init__(upstream, fault=fault, host="127.0.0.1")
         self.url = f"https://localhost:{self.port}"
 
@@ -92,6 +103,14 @@ class AzureMLFront(Proxy):
         return (
             f"azureml://localhost:{self.port}/mlflow/v1.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
             f"{RESOURCE_GROUP}/providers/Microsoft.MachineLearningServices/workspaces/{WORKSPACE}"
+        )
+
+    def artifact_location(self, experiment_name: str) -> str:
+        """The artifact location AzureML gives an experiment: runs' artifacts go through the artifact service."""
+        return (
+            f"azureml://localhost:{self.port}/mlflow/v2.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
+            f"{RESOURCE_GROUP}/providers/Microsoft.MachineLearningServices/workspaces/{WORKSPACE}/experiments/"
+            f"{experiment_name}/runs"
         )
 
     def job_environment(self, run_id: str, experiment_id: str) -> dict[str, str]:
@@ -110,12 +129,58 @@ class AzureMLFront(Proxy):
         self.rejected.append((request.path, why))
         return Respond(status, {}, json.dumps({"error_code": "UNAUTHENTICATED", "message": why}).encode())
 
+    def _blob(self, request: Recorded) -> Respond:
+        """Azure Blob Storage's Put Blob on a SAS URL handed out by the artifact service (no overwrite)."""
+        path, _, query = request.path.partition("?")
+        if "sig=" not in query:
+            return self._reject(request, 403, "blob request without a SAS signature")
+        target = self.artifact_dir / path.removeprefix("/blob/")
+        if request.method != "PUT":
+            return Respond(405, {}, b"")
+        if target.exists():
+            return Respond(409, {"x-ms-error-code": "BlobAlreadyExists"}, b"")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(request.body)
+        headers = {
+            "ETag": f'"0x{uuid.uuid4().hex[:16].upper()}"',
+            "Last-Modified": time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime()),
+            "x-ms-request-id": str(uuid.uuid4()),
+            "x-ms-version": "2023-11-03",
+            "x-ms-request-server-encrypted": "true",
+        }
+        return Respond(201, headers, b"")
+
+    def _batch_metadata(self, request: Recorded, experiment: str, run_id: str) -> Respond:
+        """The artifact service: empty artifacts and a blob URL (with a SAS) for each path."""
+        paths = [item["path"] for item in request.json().get("paths", [])]
+        if len(paths) > MAX_ARTIFACTS_PER_BATCH:
+            return Respond(400, {}, json.dumps({"error": {"code": "UserError", "message": "at most 100 paths"}}).encode())
+        container = f"dcid.{run_id}"
+        if any((self.artifact_dir / container / p).exists() for p in paths):
+            body = {"error": {"code": "UserError", "message": "artifact already exists and cannot be overwritten"}}
+            return Respond(409, {"Content-Type": "application/json"}, json.dumps(body).encode())
+        info = {"origin": "ExperimentRun", "container": container}
+        answer = {
+            "artifacts": {p: {**info, "path": p, "artifactId": f"ExperimentRun/{container}/{p}"} for p in paths},
+            "artifactContentInformation": {
+                p: {**info, "path": p, "contentUri": f"https://localhost:{self.port}/blob/{container}/{p}?sig=offline"}
+                for p in paths
+            },
+            "errors": {},
+        }
+        return Respond(200, {"Content-Type": "application/json"}, json.dumps(answer).encode())
+
     def intercept(self, request: Recorded):
+        if request.path.startswith("/blob/"):
+            return self._blob(request)
         auth = request.headers.get("Authorization", "")
         try:
             jwt.decode(auth.removeprefix("Bearer "), SECRET, algorithms=["HS256"], options={"verify_aud": False})
         except jwt.PyJWTError as error:
             return self._reject(request, 401, f"bad bearer token: {error}")
+        history = HISTORY.match(request.path.split("?")[0])
+        if history and (history["sub"], history["rg"], history["ws"]) == (SUBSCRIPTION, RESOURCE_GROUP, WORKSPACE):
+            return self._batch_metadata(request, history["exp"], history["run"])
         if "azureml-mlflow/" not in request.headers.get("User-Agent", ""):
             return self._reject(request, 403, "User-Agent without azureml-mlflow/")
         match = PREFIX.match(request.path)

@@ -178,6 +178,7 @@ def main() -> None:
     parser.add_argument("--rank-spread", default="", help="comma-separated keys")
     parser.add_argument("--initial-epoch", type=int, default=0)
     parser.add_argument("--then-fit-to", type=int, default=0, help="a second fit, from --epochs to this epoch")
+    parser.add_argument("--probe", action="store_true", help="record the final model's predictions on 4 inputs")
     parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
     args = parser.parse_args()
     if args.audit:
@@ -253,6 +254,9 @@ def main() -> None:
             ux, uy = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
             result = model.evaluate(ux, uy, batch_size=1000, verbose=0, return_dict=True)
             record[name] = {k: float(v) for k, v in result.items()}
+    if args.probe:
+        probe = data(0, 4, seed=99)[0]
+        record["probe_x"], record["probe_y"] = probe.tolist(), model.predict(probe, verbose=0).ravel().tolist()
     record["size"] = hvd.size()
     record["finished"] = True
     record["threads"] = sorted(t.name for t in threading.enumerate())
