@@ -60,7 +60,8 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
     thread.start()
     thread.join(timeout)
     if outcome.get("done"):
-        logger.info("hvd-mlflow: logged the model to run %s (%s)", run_id, "artifacts" if as_artifacts else "MLflow model")
+        kind = "artifacts" if as_artifacts else "MLflow model"
+        logger.info("hvd-mlflow: logged the model to run %s (%s)", run_id, kind)
         return True
     why = redact(str(outcome["error"]))[:300] if "error" in outcome else f"not done within {timeout:.0f} s"
     logger.warning(

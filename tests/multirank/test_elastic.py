@@ -26,9 +26,8 @@ WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 
 def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
-    import tensorflow as tf
-
     import keras
+    import tensorflow as tf
 
     if keras_mode == "keras" and int(keras.__version__.split(".")[0]) >= 3:
         pytest.skip("Horovod's elastic Keras state does not work with Keras 3 (use TF_USE_LEGACY_KERAS=1)")

@@ -154,7 +154,8 @@ class AzureMLFront(Proxy):
         """The artifact service: empty artifacts and a blob URL (with a SAS) for each path."""
         paths = [item["path"] for item in request.json().get("paths", [])]
         if len(paths) > MAX_ARTIFACTS_PER_BATCH:
-            return Respond(400, {}, json.dumps({"error": {"code": "UserError", "message": "at most 100 paths"}}).encode())
+            body = {"error": {"code": "UserError", "message": "at most 100 paths per batch"}}
+            return Respond(400, {}, json.dumps(body).encode())
         container = f"dcid.{run_id}"
         if any((self.artifact_dir / container / p).exists() for p in paths):
             body = {"error": {"code": "UserError", "message": "artifact already exists and cannot be overwritten"}}
