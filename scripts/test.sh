@@ -9,6 +9,15 @@ start=$(date +%s)
 
 venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
 venv215=$(scripts/setup-env.sh tf2.15 | tail -n 1) || exit 1
+# The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "== installing chromium (Debian package) for the browser test"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || exit 1
+  else
+    echo "== chromium is missing and this is not root: the browser test will fail (sudo apt-get install chromium)"
+  fi
+fi
 echo "== setup done in $(( $(date +%s) - start )) s"
 
 "$venv/bin/ruff" check hvd_mlflow tests examples || exit 1
@@ -25,9 +34,10 @@ run_suite() {  # label python [env...]
   echo "== $label: $(( $(date +%s) - t0 )) s"
 }
 pytest_args=("$@")
-# The fault-injection suite tests rank 0's delivery, which does not depend on the Keras flavour: it runs once.
+# The fault-injection suite tests rank 0's delivery, and the browser test reads what the MLflow UI draws; neither
+# depends on the Keras flavour: they run once.
 run_suite keras3 "$venv/bin/python" TF_USE_LEGACY_KERAS=0
-pytest_args=(-m "not faults" "$@")
+pytest_args=(-m "not faults and not browser" "$@")
 run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
 run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
 
