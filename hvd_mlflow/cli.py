@@ -134,18 +134,40 @@ def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, track
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"))
 @click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="Default: MLFLOW_TRACKING_URI, else MLflow's.")
 def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str | None) -> None:
-    """Draw a run's training curves to a PNG: each metric with its val_ twin, by epoch."""
+    """Draw a run's training curves to a PNG: each metric with its val_ twin, by epoch.
+
+    RUN_ID may be ``last``: the most recently started run of MLFLOW_EXPERIMENT_ID / MLFLOW_EXPERIMENT_NAME, else
+    of the default experiment.
+    """
     import mlflow
     from mlflow import MlflowClient
 
     from .plotting import curves, save_png
 
     client = MlflowClient(tracking_uri or mlflow.get_tracking_uri())
+    if run_id == "last":
+        run_id = _last_run_id(client)
     charts = curves(client, run_id, metrics or None)
     if not charts:
         raise click.ClickException(f"run {run_id} has no metrics")
     save_png(charts, output, title=f"run {run_id}")
     click.echo(f"{output}: {len(charts)} chart(s), {sum(len(s) for s in charts.values())} curve(s)")
+
+
+def _last_run_id(client: object) -> str:
+    import os
+
+    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    name = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    if not experiment_id and name:
+        experiment = client.get_experiment_by_name(name)  # type: ignore[attr-defined]
+        if experiment is None:
+            raise click.ClickException(f"no experiment named {name!r}")
+        experiment_id = experiment.experiment_id
+    runs = client.search_runs([experiment_id or "0"], order_by=["attributes.start_time DESC"], max_results=1)  # type: ignore[attr-defined]
+    if not runs:
+        raise click.ClickException(f"experiment {experiment_id or '0'} has no run: pass a RUN_ID")
+    return runs[0].info.run_id
 
 
 @main.command()

@@ -34,10 +34,10 @@ run_suite() {  # label python [env...]
   echo "== $label: $(( $(date +%s) - t0 )) s"
 }
 pytest_args=("$@")
-# The fault-injection suite tests rank 0's delivery, and the browser test reads what the MLflow UI draws; neither
-# depends on the Keras flavour: they run once.
+# The fault-injection suite tests rank 0's delivery, the browser test reads what the MLflow UI draws, the docs test
+# runs the docs' code blocks; none depends on the Keras flavour: they run once.
 run_suite keras3 "$venv/bin/python" TF_USE_LEGACY_KERAS=0
-pytest_args=(-m "not faults and not browser" "$@")
+pytest_args=(-m "not faults and not browser and not docs" "$@")
 run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
 run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
 
