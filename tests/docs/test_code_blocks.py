@@ -73,7 +73,8 @@ def blocks(page: Path) -> list[Block]:
         start, language = i, match[1]
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         above = DIRECTIVE.match(lines[start - 1]) if start else None
-        out.append(Block(page, start + 1, language, "\n".join(lines[start + 1 : end]) + "\n", above[1] if above else ""))
+        code = "\n".join(lines[start + 1 : end]) + "\n"
+        out.append(Block(page, start + 1, language, code, above[1] if above else ""))
         i = end + 1
     return out
 
@@ -94,7 +95,8 @@ def run(block: Block, workdir: Path) -> None:
         cwd = ROOT if "cwd=repo" in block.directive else workdir
         command = ["bash", "-euo", "pipefail", "-c", block.code]
     done = subprocess.run(command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{block} failed (exit {done.returncode}):\n{block.code}\n{(done.stdout + done.stderr)[-5000:]}"
+    output = (done.stdout + done.stderr)[-5000:]
+    assert done.returncode == 0, f"{block} failed (exit {done.returncode}):\n{block.code}\n{output}"
 
 
 def test_every_block_declares_a_language_and_skips_are_rare():
