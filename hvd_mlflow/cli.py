@@ -151,7 +151,7 @@ def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str 
     if not charts:
         raise click.ClickException(f"run {run_id} has no metrics")
     save_png(charts, output, title=f"run {run_id}")
-    click.echo(f"{output}: {len(charts)} chart(s), {sum(len(s) for s in charts.values())} curve(s)")
+    click.echo(f"{output}: run {run_id}, {len(charts)} chart(s), {sum(len(s) for s in charts.values())} curve(s)")
 
 
 def _last_run_id(client: object) -> str:

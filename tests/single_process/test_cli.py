@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -28,6 +29,15 @@ def test_plot_draws_each_metric_with_its_validation_twin(tmp_path, mlflow_server
     assert done.returncode == 0, done.stderr
     assert "2 chart(s), 3 curve(s)" in done.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # "last": the most recently started run of MLFLOW_EXPERIMENT_NAME (an older run there has other metrics)
+    experiment = client.get_run(run_id).info.experiment_id
+    name = client.get_experiment(experiment).name
+    client.log_batch(client.create_run(experiment, start_time=1).info.run_id, metrics=[Metric("older", 1.0, 1, 0)])
+    env = {**os.environ, "MLFLOW_EXPERIMENT_NAME": name}
+    done = subprocess.run([CLI, "plot", "last", "-o", str(out), "--tracking-uri", mlflow_server.url],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2 chart(s), 3 curve(s)" in done.stdout and run_id in done.stdout
 
 
 def test_sync_with_no_journal_says_so(tmp_path):

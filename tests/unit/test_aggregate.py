@@ -134,3 +134,39 @@ def test_signature_depends_on_order_and_names():
     assert key_signature(["a", "b"]) != key_signature(["b", "a"])
     assert key_signature(["ab"]) != key_signature(["a", "b"])
     assert 0 <= key_signature(["loss"]) < 2**20
+
+
+class GatherPeer(Solo):
+    size = 2
+
+    def allgather(self, values, name):
+        self.vector = values
+        return np.concatenate([values, values])
+
+
+class TwoRanksGathering:
+    """Rank 0's view of a two-rank allgather (the rank spread path); the other rank reduced ``other``."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other: dict[str, float], spread) -> None:
+        peer = GatherPeer()
+        Reducer(peer, "mean", spread=spread).reduce(other, "t")
+        self.other_vector = peer.vector
+
+    def allgather(self, values, name):
+        return np.concatenate([values, self.other_vector])  # rank order: 0, then 1
+
+
+def test_rank_spread_is_min_and_max_of_the_ranks_values_from_the_same_collective():
+    comm = TwoRanksGathering({"loss": 3.0, "val_loss": 1.0}, spread=["loss"])
+    reducer = Reducer(comm, "mean", spread=["loss", "absent"])
+    assert reducer.reduce({"loss": 1.0, "val_loss": 2.0}, "t") == {"loss": 2.0, "val_loss": 1.5}
+    assert reducer.spread == {"loss_rank_min": 1.0, "loss_rank_max": 3.0}  # only present keys, only asked ones
+
+
+def test_rank_spread_with_different_keys_still_names_them():
+    comm = TwoRanksGathering({"loss": 3.0, "mae": 1.0}, spread=["loss"])
+    comm.allgather_object = lambda obj, name: [obj, (["loss", "mae"], ["loss", "mae", "mean"])]
+    with pytest.raises(MetricKeyMismatchError, match="rank 0 lacks: mae"):
+        Reducer(comm, "mean", spread=["loss"]).reduce({"loss": 1.0}, "t")

@@ -59,3 +59,27 @@ def test_credentials_are_masked():
     text = "POST https://u:p4ssw0rd@h/x failed; token eyJhbGciOi.secret"
     out = redact(text, {"MLFLOW_TRACKING_TOKEN": "eyJhbGciOi.secret", "HOME": "/root"})
     assert "p4ssw0rd" not in out and "eyJhbGciOi.secret" not in out and "/x failed" in out
+
+
+def test_training_dynamics_options_from_the_environment_and_arguments():
+    env = {
+        "HVD_MLFLOW_LOG_EVERY_N_STEPS": "50",
+        "HVD_MLFLOW_RANK_SPREAD": "loss, val_loss",
+        "HVD_MLFLOW_RESUME": "log",
+        "HVD_MLFLOW_LOG_MODELS": "off",
+    }
+    options = Options.resolve(env)
+    assert (options.log_every_n_steps, options.rank_spread, options.resume, options.log_models) == (
+        50,
+        ("loss", "val_loss"),
+        "log",
+        False,
+    )
+    assert Options.resolve(env, rank_spread=["auc"]).rank_spread == ("auc",)
+    assert Options.resolve({}).log_models is None  # decided by where it runs: on, except in AzureML jobs
+    with pytest.raises(ValueError, match="resume='later': choose skip or log"):
+        Options.resolve({}, resume="later")
+    with pytest.raises(ValueError, match="HVD_MLFLOW_LOG_EVERY_N_STEPS='ten'"):
+        Options.resolve({"HVD_MLFLOW_LOG_EVERY_N_STEPS": "ten"})
+    with pytest.raises(ValueError, match="log_every_n_steps=-1"):
+        Options.resolve({}, log_every_n_steps=-1)
