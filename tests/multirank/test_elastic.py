@@ -13,11 +13,13 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 
 import numpy as np
 import pytest
 
 from tests.support import launch
+from tests.support.checks import report
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
@@ -39,7 +41,14 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
         "--host-discovery-script", str(discover), "--network-interface", "lo", "--gloo",
         sys.executable, str(WORKER), "--out", str(tmp_path), "--epochs", str(EPOCHS), "--kill-at", str(KILL_AT),
     ]  # fmt: skip
-    env = launch._env({"MLFLOW_TRACKING_URI": mlflow_server.url, "HOROVOD_ELASTIC_TIMEOUT": "60"})
+    experiment = f"elastic-{uuid.uuid4().hex[:8]}"  # its own experiment: the only run there is this training's
+    env = launch._env(
+        {
+            "MLFLOW_TRACKING_URI": mlflow_server.url,
+            "MLFLOW_EXPERIMENT_NAME": experiment,
+            "HOROVOD_ELASTIC_TIMEOUT": "60",
+        }
+    )
     start = time.time()
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=480)
     output = done.stdout + done.stderr
@@ -60,9 +69,9 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     redone = [e for e, group in by_epoch.items() if len(group) > group[0]["size"]]
     assert len(list(tmp_path.glob("done-*.json"))) == 1  # one process finished; the killed one did not
 
-    runs = client.search_runs(["0"], filter_string="tags.`hvd_mlflow.journal_id` != ''", max_results=50)
-    run = next(r for r in runs if r.info.start_time >= (start - 5) * 1000)
-    assert len([r for r in runs if r.info.start_time >= (start - 5) * 1000]) == 1  # one run, continued
+    runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], max_results=50)
+    assert len(runs) == 1  # one run, continued by the new rank 0
+    [run] = runs
     for key in ("loss", "val_loss", "accuracy"):
         points = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [p.step for p in points] == list(range(EPOCHS)), key  # every epoch once, at the state's epoch
@@ -70,6 +79,7 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
             ran = first[point.step]
             want = np.mean([r["local"][key] for r in ran])  # equal shards: the exact value is the mean
             assert point.value == pytest.approx(want, rel=1e-6, abs=1e-7), (key, point.step)
-    print(f"elastic: epochs redone after the reset {redone}, each logged once; {EPOCHS} epochs present")
+    report("elastic", epochs=EPOCHS, killed_after_epoch=KILL_AT, redone_after_reset=redone, steps_in_run=EPOCHS,
+           seconds=round(time.time() - start, 1))  # fmt: skip
     assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the new rank 0 ended the run it inherited
     assert "different values for param" not in output  # params are not logged again after a reset

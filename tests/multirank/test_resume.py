@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.support import launch
+from tests.support.checks import report
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
 
@@ -42,3 +43,4 @@ def test_restarted_job_and_second_fit_log_each_epoch_once(tmp_path, mlflow_serve
     assert "attempt: '1' -> '2'" in second.output
     assert "already holds" in second.output  # the skipped epochs were warned about
     assert client.get_run(run_id).info.status == "RUNNING"  # not ours to end
+    report("resume", steps=list(range(8)), tags={k: v for k, v in data.tags.items() if k.startswith("param_changed")})

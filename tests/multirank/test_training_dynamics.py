@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.support import launch
+from tests.support.checks import report
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
@@ -34,6 +35,7 @@ def test_every_n_steps_and_rank_spread(tmp_path, mlflow_server, client):
     assert {"batch/loss", "batch/accuracy"} <= metrics
     local = [{b["iterations"]: b for b in r["local_batches"]} for r in ranks]
     assert sorted(local[0]) == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))  # every batch was seen, locally
+    batch_error = 0.0
     for key in ("loss", "accuracy"):
         points = history(client, run_id, f"batch/{key}")
         assert [p.step for p in points] == steps, key
@@ -41,6 +43,7 @@ def test_every_n_steps_and_rank_spread(tmp_path, mlflow_server, client):
             # equal batches on both ranks: the exact running value is the mean of the ranks' running values
             want = np.mean([local[r][point.step][key] for r in (0, 1)])
             assert point.value == pytest.approx(want, rel=1e-6, abs=1e-7), (key, point.step)
+            batch_error = max(batch_error, abs(point.value - want))
         assert any(local[0][s][key] != local[1][s][key] for s in steps)  # the ranks disagreed: a real reduction
     # Epoch level is untouched: steps 0..E-1 under the plain keys.
     assert [p.step for p in history(client, run_id, "loss")] == list(range(EPOCHS))
@@ -59,5 +62,7 @@ def test_every_n_steps_and_rank_spread(tmp_path, mlflow_server, client):
             want = np.mean([r["local"][epoch][key] for r in ranks])
             assert point.value == pytest.approx(want, rel=1e-6, abs=1e-7)
     assert "accuracy_rank_min" not in metrics  # only the keys asked for
+    report("batch_and_spread", batch_steps=steps, batch_points_per_key=len(steps), batch_max_abs_error=batch_error,
+           spread_epochs=EPOCHS)  # fmt: skip
     # every rank's later callbacks saw the global values
     assert ranks[0]["history"]["loss"] == ranks[1]["history"]["loss"]
