@@ -160,10 +160,11 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
             settings = dict(_settings)
             captured_run_id = settings.pop("run_id")
             callback = HorovodMlflowCallback(
-                model=self, elastic_state=elastic.state_from_callbacks(callbacks), **settings
+                model=self,
+                run_id=destination.run_id_from_environment() or captured_run_id,  # start_run() may have deleted it
+                elastic_state=elastic.state_from_callbacks(callbacks),
+                **settings,
             )
-            if captured_run_id and not callback._captured_run_id:
-                callback._captured_run_id = captured_run_id
             callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
             bound.arguments["callbacks"] = [callback, *_csv_logger(self, bound.arguments), *callbacks]
         except Exception as error:  # noqa: BLE001 - never break the user's fit

@@ -40,8 +40,8 @@ class HorovodMlflowCallback:
     server, and nothing is lost when it is down. :func:`hvd_mlflow.autolog` adds this callback to every
     ``fit`` for you.
 
-    The run is the one in ``MLFLOW_RUN_ID`` when the callback is created (as in every AzureML job), else
-    rank 0's active run, else a new run that rank 0 creates and ends when ``fit`` ends.
+    The run is ``run_id`` if given, else the one in ``MLFLOW_RUN_ID`` when the callback is created (as in every
+    AzureML job), else rank 0's active run, else a new run that rank 0 creates and ends when ``fit`` ends.
 
     Example::
 
@@ -58,6 +58,7 @@ class HorovodMlflowCallback:
         model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or
             ``tf_keras``); without it the flavour is the one ``tf.keras`` resolves to.
         flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
+        run_id: log into this run instead of ``MLFLOW_RUN_ID`` / the active run / a new one.
         elastic_state: the ``hvd.elastic`` Keras state, under elastic training.
         **options: ``reduction``, ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
             ``silent``, ``log_every_n_steps``, ``rank_spread``, ``resume``: see :class:`hvd_mlflow.config.Options`;
@@ -73,7 +74,13 @@ class HorovodMlflowCallback:
         return object.__new__(cls)
 
     def __init__(
-        self, *, model: Any = None, flavour: str | None = None, elastic_state: Any = None, **options: Any
+        self,
+        *,
+        model: Any = None,
+        flavour: str | None = None,
+        run_id: str | None = None,
+        elastic_state: Any = None,
+        **options: Any,
     ) -> None:
         super().__init__()
         autolog_only = {
@@ -86,7 +93,7 @@ class HorovodMlflowCallback:
         self.options = Options.resolve(**options)
         set_silent(self.options.silent)
         self.run_id: str | None = None
-        self._captured_run_id = destination.run_id_from_environment()
+        self._captured_run_id = run_id or destination.run_id_from_environment()
         self._elastic_state = elastic_state
         self._epoch_offset: int | None = None
         self._batches_seen = 0

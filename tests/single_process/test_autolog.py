@@ -127,6 +127,18 @@ def test_user_run_is_used_and_left_open(tracking, client):
     assert len(runs_of(client, tracking)) == 1
 
 
+def test_callback_logs_into_the_run_it_is_given(tracking, client):
+    model, _ = small_model(keras_flavour.of_tf_keras())
+    experiment = client.create_experiment(f"given-{uuid.uuid4().hex[:8]}")
+    given = client.create_run(experiment).info.run_id
+    callback = hvd_mlflow.HorovodMlflowCallback(model=model, run_id=given)
+    model.fit(*data(), epochs=3, callbacks=[callback], verbose=0)
+    assert callback.run_id == given
+    assert [m.step for m in client.get_metric_history(given, "loss")] == [0, 1, 2]
+    assert runs_of(client, tracking) == []  # no run created elsewhere
+    assert client.get_run(given).info.status == "RUNNING"  # not created by hvd-mlflow: left open
+
+
 def test_callback_of_the_wrong_flavour_is_refused_clearly():
     flavours = keras_flavour.importable()
     if len(flavours) < 2:
