@@ -4,7 +4,7 @@
     --variant seed      Horovod's MetricAverageCallback + a CSVLogger on rank 0 (the usual recipe; needs a Keras
                         whose Horovod callbacks work: TF 2.15's Keras 2)
     --variant mlflow    mlflow.tensorflow.autolog() on every rank (what people do today)
-    --variant hvd       hvd_mlflow.autolog()
+    --variant hvd       hvd_mlflow.autolog() (with --log-every-n-steps N: also batch-level values every N batches)
 
 Rank 0 writes the fit time and Keras' own local values (recorded before any callback) to --out.
 """
@@ -31,11 +31,13 @@ def main() -> None:
     parser.add_argument("--variant", choices=["none", "seed", "mlflow", "hvd"], required=True)
     parser.add_argument("--epochs", type=int, default=40)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=64, help="per rank; batches of 32")
+    parser.add_argument("--log-every-n-steps", type=int, default=0)
     args = parser.parse_args()
 
     hvd.init()
     rng = np.random.default_rng(hvd.rank())
-    x = rng.normal(size=(64, 16)).astype("float32")
+    x = rng.normal(size=(args.samples, 16)).astype("float32")
     y = (x.sum(axis=1) > 0).astype("float32")
     keras.utils.set_random_seed(1)
     layers = [keras.Input(shape=(16,)), keras.layers.Dense(16, "relu"), keras.layers.Dense(1, "sigmoid")]
@@ -52,7 +54,7 @@ def main() -> None:
     if args.variant == "hvd":
         import hvd_mlflow
 
-        hvd_mlflow.autolog()
+        hvd_mlflow.autolog(log_every_n_steps=args.log_every_n_steps)
     if args.variant == "seed":
         import horovod.tensorflow.keras as hvd_keras
 

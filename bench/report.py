@@ -40,6 +40,21 @@ def tables(results: dict[str, dict]) -> str:
                 f"| {row['requests_per_epoch']:.2f} | "
                 f"{row['points_per_metric_epoch']:.2f} | {is_global} |"
             )
+        if r.get("batch_logging"):
+            lines += [
+                "",
+                "| per-batch logging (16 batches per epoch, no latency) | fit time / no logging | added per batch vs "
+                "epoch logging only | `batch/loss` points (expected) |",
+                "| --- | --- | --- | --- |",
+            ]
+            for row in r["batch_logging"]:
+                label = "no logging" if row["variant"] == "none" else (
+                    f"`log_every_n_steps={row['log_every_n_steps']}`" if row["log_every_n_steps"]
+                    else "hvd_mlflow.autolog(), epochs only")  # fmt: skip
+                lines.append(
+                    f"| {label} | {row['ratio_vs_none']:.3f} | {row['added_ms_per_batch_vs_epoch_only']:.2f} ms "
+                    f"| {row['batch_points']} ({row['batch_points_expected']}) |"
+                )
         lines += [
             "",
             "| metric keys | one fused collective | one allreduce per key | speed-up |",

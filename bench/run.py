@@ -110,6 +110,37 @@ def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs:
     return rows
 
 
+def batch_logging(server: MlflowServer, repeats: int, epochs: int, work: Path) -> list[dict]:
+    """What log_every_n_steps costs: the same training (16 batches per epoch) with no logging, epoch logging only,
+    and batch logging every 10 and every batch; rotated order, medians of ``repeats``."""
+    client = MlflowClient(server.url)
+    samples, steps = 512, 16
+    variants = [("none", 0), ("hvd", 0), ("hvd", 10), ("hvd", 1)]
+    seconds: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
+    points: dict[tuple[str, int], int] = {}
+    for repeat in range(repeats):
+        for variant, every in variants[repeat % len(variants) :] + variants[: repeat % len(variants)]:
+            run_id = client.create_run(client.create_experiment(f"bench-batch-{uuid.uuid4().hex[:8]}")).info.run_id
+            out = Path(tempfile.mkdtemp(dir=work))
+            args = ["--variant", variant, "--epochs", str(epochs), "--out", str(out), "--samples", str(samples),
+                    "--log-every-n-steps", str(every)]  # fmt: skip
+            launch("overhead_worker.py", args, {"MLFLOW_TRACKING_URI": server.url, "MLFLOW_RUN_ID": run_id}, out)
+            result = json.loads((out / "result.json").read_text())
+            seconds[(variant, every)].append(result["fit_seconds"] - result["end_of_fit_flush_s"])
+            points[(variant, every)] = len(client.get_metric_history(run_id, "batch/loss"))
+    base = statistics.median(seconds[("none", 0)])
+    epoch_only = statistics.median(seconds[("hvd", 0)])
+    rows = []
+    for variant, every in variants:
+        median = statistics.median(seconds[(variant, every)])
+        rows.append({
+            "variant": variant, "log_every_n_steps": every, "fit_s_median": median, "ratio_vs_none": median / base,
+            "added_ms_per_batch_vs_epoch_only": (median - epoch_only) / (epochs * steps) * 1000,
+            "batch_points": points[(variant, every)], "batch_points_expected": epochs * steps // every if every else 0,
+        })  # fmt: skip
+    return rows
+
+
 KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
 
 
@@ -203,6 +234,7 @@ def main() -> None:
             results["epochs"] = 10 if quick else 60
             results["overhead"] = overhead(server, [0.0, 0.1] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
                                            results["epochs"], work)  # fmt: skip
+            results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work)
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
             results["memory"] = memory(server, 1000 if quick else 10000, 100, work)
@@ -224,6 +256,13 @@ def report(results: dict) -> None:
               f"{r['fit_ratio_min']:>6.3f}-{r['fit_ratio_max']:<6.3f} {r['fit_ratio_without_end_flush']:>9.3f} "
               f"{r['end_of_fit_flush_s_median']:>8.3f} {r['requests_per_epoch']:>9.2f} "
               f"{r['points_per_metric_epoch']:>16.2f} {str(r['values_global']):>6}")  # fmt: skip
+    print("\nper-batch logging (16 batches per epoch; fit time without the end-of-fit flush):")
+    for r in results.get("batch_logging", []):
+        label = "no logging" if r["variant"] == "none" else f"hvd, log_every_n_steps={r['log_every_n_steps']}"
+        print(
+            f"  {label:>32}: fit/none {r['ratio_vs_none']:.3f}, +{r['added_ms_per_batch_vs_epoch_only']:.2f} ms per "
+            f"batch vs epoch-only, batch/loss points {r['batch_points']} (expected {r['batch_points_expected']})"
+        )
     print("\nreduction per epoch end (2 ranks), microseconds:")
     for keys, r in results["reduction_us"].items():
         print(f"  {keys:>5} keys: fused {r['fused']:>9.0f}   per-key {r['per_key']:>10.0f}   x{r['speedup']:>6.1f}")

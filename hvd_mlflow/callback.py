@@ -97,6 +97,7 @@ class HorovodMlflowCallback:
         self._elastic_state = elastic_state
         self._epoch_offset: int | None = None
         self._batches_seen = 0
+        self._epoch_base_step: int | None = None
         self._batch_size: int | None = None
         self._run_logger: RunLogger | None = None
         self._reducer: Reducer | None = None
@@ -151,14 +152,16 @@ class HorovodMlflowCallback:
     def _implements_train_batch_hooks(self) -> bool:  # tf_keras: skip per-batch calls unless they are used
         return self.options.log_every_n_steps > 0
 
+    # tf_keras / Keras 2: batch logs may stay tensors, so batches that are not logged cost no device sync
+    _supports_tf_logs = True
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         every = self.options.log_every_n_steps
         if every <= 0 or logs is None or self._reducer is None:
             return
-        step = run_params.optimizer_iterations(self.model)
         self._batches_seen += 1
-        if step is None:
-            step = self._batches_seen
+        # the global step: the optimizer's iterations, read once per epoch (reading it per batch would sync)
+        step = self._batches_seen if self._epoch_base_step is None else self._epoch_base_step + batch + 1
         if step % every:
             return
         states = [metric_state.capture(self.model, prefix="")] if self.options.reduction != "mean" else []
@@ -173,6 +176,8 @@ class HorovodMlflowCallback:
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
         self._epoch_start = time.perf_counter()
+        if self.options.log_every_n_steps > 0:
+            self._epoch_base_step = run_params.optimizer_iterations(self.model)
         if self._epoch_offset is None:
             state = self._elastic_state
             self._epoch_offset = int(state.epoch) - epoch if state is not None else 0
