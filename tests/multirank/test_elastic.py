@@ -29,7 +29,6 @@ WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
     import keras
-    import tensorflow as tf
 
     if keras_mode == "keras" and int(keras.__version__.split(".")[0]) >= 3:
         pytest.skip("Horovod's elastic Keras state does not work with Keras 3 (use TF_USE_LEGACY_KERAS=1)")
@@ -54,7 +53,6 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     output = done.stdout + done.stderr
     (tmp_path / "output.log").write_text(output)
     assert done.returncode == 0, output[-6000:]
-    assert tf.__version__  # the run below happened under this TensorFlow
 
     lines = [json.loads(line) for f in sorted(tmp_path.glob("epochs-*.jsonl")) for line in f.read_text().splitlines()]
     by_epoch: dict[int, list[dict]] = {}
