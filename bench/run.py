@@ -71,6 +71,12 @@ def launch(script: str, args: list[str], env: dict[str, str], cwd: Path, timeout
     return done.stdout
 
 
+def rotated(items: list, repeat: int) -> list:
+    """``items`` started at a different one each repeat, so that a drift of the machine favours none of them."""
+    k = repeat % len(items)
+    return items[k:] + items[:k]
+
+
 def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs: int, work: Path) -> list[dict]:
     client = MlflowClient(server.url)
     variants = [v for v in VARIANTS if v != "seed" or seed_recipe_available()]
@@ -78,7 +84,7 @@ def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs:
     for latency in latencies:
         samples: dict[str, list[dict]] = {v: [] for v in variants}
         for repeat in range(repeats):
-            order = variants[repeat % len(variants) :] + variants[: repeat % len(variants)]  # rotate: no drift bias
+            order = rotated(variants, repeat)
             for variant in order:
                 run_id = client.create_run(client.create_experiment(f"bench-{uuid.uuid4().hex[:8]}")).info.run_id
                 out = Path(tempfile.mkdtemp(dir=work))
@@ -119,7 +125,7 @@ def batch_logging(server: MlflowServer, repeats: int, epochs: int, work: Path) -
     seconds: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
     points: dict[tuple[str, int], int] = {}
     for repeat in range(repeats):
-        for variant, every in variants[repeat % len(variants) :] + variants[: repeat % len(variants)]:
+        for variant, every in rotated(variants, repeat):
             run_id = client.create_run(client.create_experiment(f"bench-batch-{uuid.uuid4().hex[:8]}")).info.run_id
             out = Path(tempfile.mkdtemp(dir=work))
             args = ["--variant", variant, "--epochs", str(epochs), "--out", str(out), "--samples", str(samples),

@@ -173,9 +173,10 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(*bound.args, **bound.kwargs)
         except BaseException as error:
-            if elastic.is_reset(error):  # fit runs again after the reset: leave the run open
+            if elastic.is_reset(error):  # fit runs again after the reset: flush briefly, leave the run open
                 callback._finish(None, timeout=5.0)
-            callback._finish("FAILED")
+            else:
+                callback._finish("FAILED")
             raise
         finally:
             callback._finish("FINISHED")

@@ -256,11 +256,12 @@ class HorovodMlflowCallback:
     def _log_model(self) -> None:
         import mlflow
 
-        run_id = self.run_id or (self._run_logger.wait_for_run(self.options.run_wait) if self._run_logger else None)
+        assert self._run_logger is not None, "only rank 0, while logging, logs the model"
+        run_id = self.run_id or self._run_logger.wait_for_run(self.options.run_wait)
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return
-        as_artifacts = mlflow.get_tracking_uri().startswith("azureml:")  # AzureML has no logged-models API
+        as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
         model_logging.log_model(
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=self.options.flush_timeout
         )

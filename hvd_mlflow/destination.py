@@ -33,9 +33,14 @@ def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | N
     return environ.get("MLFLOW_RUN_ID") or None
 
 
+def is_azureml(tracking_uri: str) -> bool:
+    """Whether the tracking server is AzureML's (the ``azureml-mlflow`` plugin's URI scheme)."""
+    return urlsplit(tracking_uri).scheme == "azureml"
+
+
 def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
-    return urlsplit(tracking_uri).scheme == "azureml" and bool(environ.get("AZUREML_RUN_ID"))
+    return is_azureml(tracking_uri) and bool(environ.get("AZUREML_RUN_ID"))
 
 
 def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:

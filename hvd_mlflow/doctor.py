@@ -74,7 +74,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     out.append(_guard("tracking URI", "check MLFLOW_TRACKING_URI", tracking))
     plugin = _version("azureml-mlflow")
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
-    uses = uri.startswith("azureml:")
+    uses = destination.is_azureml(uri)
     out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
                      ok=bool(plugin) or not uses, fix="pip install 'hvd-mlflow[azureml]'"))  # fmt: skip
     job = destination.is_azureml_job(uri)
@@ -108,6 +108,6 @@ def _probe(uri: str) -> tuple[bool, str]:
             return False, f"does not answer: {type(error).__name__}"
     if uri.startswith("sqlite:"):
         return True, "embedded sqlite store, created on first use"
-    if uri.startswith("azureml:"):
+    if destination.is_azureml(uri):
         return bool(os.environ.get("MLFLOW_TRACKING_TOKEN")), "azureml: needs MLFLOW_TRACKING_TOKEN in the job"
     return True, "not probed"

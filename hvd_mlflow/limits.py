@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .destination import is_azureml
+
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
@@ -21,4 +23,4 @@ AZUREML = dataclasses.replace(MLFLOW, tag_value_length=1000, params_per_run=200)
 
 
 def for_tracking_uri(tracking_uri: str) -> Limits:
-    return AZUREML if tracking_uri.startswith("azureml:") else MLFLOW
+    return AZUREML if is_azureml(tracking_uri) else MLFLOW

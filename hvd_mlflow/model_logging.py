@@ -13,6 +13,7 @@ warning says where.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -39,11 +40,11 @@ def save_locally(model: Any, folder: Path, flavour: str) -> Path:
 def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout: float) -> bool:
     """Log ``model`` into ``run_id`` (an MLflow model, or artifacts with ``as_artifacts``); True when done."""
     outcome: dict[str, Any] = {}
-    folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_"))
+    folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_")) if as_artifacts else None
 
     def upload() -> None:
         try:
-            if as_artifacts:
+            if folder is not None:
                 from mlflow import MlflowClient
 
                 local = save_locally(model, folder, flavour)
@@ -62,13 +63,16 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
     if outcome.get("done"):
         kind = "artifacts" if as_artifacts else "MLflow model"
         logger.info("hvd-mlflow: logged the model to run %s (%s)", run_id, kind)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)  # uploaded: the local copy is not needed any more
         return True
     why = redact(str(outcome["error"]))[:300] if "error" in outcome else f"not done within {timeout:.0f} s"
+    saved = folder / ARTIFACT_PATH if folder is not None else None
     logger.warning(
         "hvd-mlflow: the model was not logged to run %s (%s)%s",
         run_id,
         why,
-        f"; a saved copy is in {folder / ARTIFACT_PATH}" if (folder / ARTIFACT_PATH).exists() else "",
+        f"; a saved copy is in {saved}" if saved is not None and saved.exists() else "",
     )
     return False
 
