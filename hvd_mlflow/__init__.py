@@ -7,7 +7,7 @@ Example::
 
     hvd.init()
     hvd_mlflow.autolog()          # on every rank
-    model.fit(...)                # one point per metric per epoch, averaged over all ranks, logged by rank 0
+    model.fit(...)                # one point per metric per epoch, global over all ranks, logged by rank 0
 
 TensorFlow, Keras, Horovod and MLflow are imported only when they are used, so importing this package is
 cheap.
@@ -18,18 +18,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .errors import HvdMlflowError, MetricKeyMismatchError, MetricNameCollisionError, OptionsMismatchError
 
 if TYPE_CHECKING:
-    from .aggregate import MetricKeyMismatchError
     from .autologging import autolog
     from .callback import HorovodMlflowCallback
 
-__all__ = ["autolog", "HorovodMlflowCallback", "MetricKeyMismatchError", "__version__"]
+__all__ = [
+    "autolog",
+    "HorovodMlflowCallback",
+    "HvdMlflowError",
+    "MetricKeyMismatchError",
+    "MetricNameCollisionError",
+    "OptionsMismatchError",
+    "__version__",
+]
 
 _LAZY = {
     "autolog": ("autologging", "autolog"),
     "HorovodMlflowCallback": ("callback", "HorovodMlflowCallback"),
-    "MetricKeyMismatchError": ("aggregate", "MetricKeyMismatchError"),
 }
 
 

@@ -20,6 +20,17 @@ def warn_once(key: str, message: str, *args: object) -> None:
     logger.warning(message, *args)
 
 
+_silenced = {"level": None}  # the level the user had before ``silent`` raised it
+
+
 def set_silent(silent: bool) -> None:
-    """With ``silent``, hvd-mlflow says nothing below ERROR."""
-    logger.setLevel(logging.ERROR if silent else logging.NOTSET)
+    """With ``silent``, hvd-mlflow says nothing below ERROR. Without it, the logger's level is left as the user
+    set it (``logging.getLogger("hvd_mlflow").setLevel(logging.DEBUG)`` keeps working), unless an earlier
+    ``silent`` raised it: then it is put back."""
+    with _said_lock:
+        if silent and _silenced["level"] is None:
+            _silenced["level"] = logger.level
+            logger.setLevel(logging.ERROR)
+        elif not silent and _silenced["level"] is not None:
+            logger.setLevel(_silenced["level"])
+            _silenced["level"] = None

@@ -31,13 +31,11 @@ import numpy as np
 
 from ._log import warn_once
 from .collectives import Collectives
+from .config import REDUCTIONS
+from .errors import MetricKeyMismatchError
 from .metric_state import MetricState
 
 _SIGNATURE_BITS = 20
-
-
-class MetricKeyMismatchError(RuntimeError):
-    """Ranks reported different metric keys at the same epoch end, so their values cannot be combined."""
 
 
 def scalar(value: Any) -> float | None:
@@ -67,7 +65,7 @@ def numeric_entries(logs: Mapping[str, Any]) -> dict[str, float]:
         if value is None:
             warn_once(
                 f"non-scalar:{key}",
-                "hvd-mlflow: log entry %r is not a single number (%s); it is not averaged nor logged",
+                "hvd-mlflow: log entry %r is not a single number (%s); it is not reduced nor logged",
                 key,
                 type(logs[key]).__name__,
             )
@@ -86,7 +84,7 @@ def mismatch_message(key_lists: list[list[str]]) -> str:
     """Name, per rank, the keys that some other rank has and this one lacks."""
     union = sorted(set().union(*map(set, key_lists)))
     lines = [
-        "hvd-mlflow: ranks reported different metric keys at epoch end, so they cannot be averaged "
+        "hvd-mlflow: ranks reported different metric keys at epoch end, so they cannot be combined "
         "(every rank must compile the same metrics and pass the same validation data)."
     ]
     for rank, keys in enumerate(key_lists):
@@ -94,9 +92,6 @@ def mismatch_message(key_lists: list[list[str]]) -> str:
         if lacking:
             lines.append(f"  rank {rank} lacks: {', '.join(lacking)}")
     return "\n".join(lines)
-
-
-REDUCTIONS = ("exact", "weighted", "mean")
 
 
 class Reducer:

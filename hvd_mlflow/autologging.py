@@ -2,14 +2,15 @@
 
 ``fit`` of every importable Keras flavour's ``Model`` is wrapped once. The wrapper puts a
 :class:`~hvd_mlflow.HorovodMlflowCallback` of the model's own flavour FIRST in the callback list (unless the
-user passed one), ends a run that hvd-mlflow created as FAILED when ``fit`` raises, and never lets a problem
-of its own break the user's ``fit``: if the callback cannot be built, ``fit`` runs without it, with a warning.
+user passed one), in whatever form ``callbacks`` was given (a list, a tuple, a Keras ``CallbackList``), and ends
+a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs silently without the callback
+(the ranks' values and early stopping would disagree): if it cannot be added, ``fit`` raises a clear error on
+every rank before training.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -17,11 +18,12 @@ from typing import Any
 from . import destination, elastic, guard, keras_flavour, topology
 from ._log import logger
 from .callback import HorovodMlflowCallback
-from .config import Options
+from .config import AutologOptions
+from .errors import HvdMlflowError
 
 _originals: dict[type, Callable[..., Any]] = {}
-_settings: dict[str, Any] | None = None
-_csv_path: dict[str, str] = {"path": ""}
+_options: AutologOptions | None = None
+_run_id: str | None = None  # MLFLOW_RUN_ID when autolog() was called (start_run() deletes it)
 
 
 def autolog(
@@ -93,36 +95,24 @@ def autolog(
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
     """
-    global _settings
+    global _options, _run_id
     _require_mlflow()
     if disable:
         for model_class, original in _originals.items():
             model_class.fit = original
         _originals.clear()
         guard.uninstall()
-        _settings = None
+        _options = None
         return
-    _settings = {
-        "reduction": reduction,
-        "silent": silent,
-        "extra_tags": extra_tags,
-        "extra_params": extra_params,
-        "flush_timeout": flush_timeout,
-        "run_wait": run_wait,
-        "journal_dir": journal_dir,
-        "log_every_n_steps": log_every_n_steps,
-        "rank_spread": rank_spread,
-        "resume": resume,
-        "log_models": log_models,
-        "run_id": destination.run_id_from_environment(),
-    }
-    Options.resolve(**{k: v for k, v in _settings.items() if k != "run_id"})  # bad values fail here, not in fit
-    _csv_path["path"] = Options.resolve(csv_path=csv_path).csv_path
-    if Options.resolve(guard_other_ranks=guard_other_ranks).guard_other_ranks:
+    given = dict(locals())
+    given.pop("disable")
+    _options = AutologOptions.resolve(**given)  # once: bad values fail here, not in fit
+    _run_id = destination.run_id_from_environment()
+    if _options.guard_other_ranks:
         import mlflow
 
         job_mode = destination.is_azureml_job(mlflow.get_tracking_uri())
-        guard.install(topology.current().rank, _settings["run_id"], job_mode=job_mode)
+        guard.install(topology.current().rank, _run_id, job_mode=job_mode)
     flavours = keras_flavour.importable()
     if not flavours:
         logger.warning(
@@ -150,48 +140,68 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def fit(self, *args: Any, **kwargs: Any) -> Any:
-        if _settings is None:
+        options = _options
+        if options is None:
             return original(self, *args, **kwargs)
-        try:
-            bound = signature.bind(self, *args, **kwargs)
-            callbacks = list(bound.arguments.get("callbacks") or [])
-            if any(isinstance(cb, HorovodMlflowCallback) for cb in callbacks):
-                return original(self, *args, **kwargs)
-            settings = dict(_settings)
-            captured_run_id = settings.pop("run_id")
+        bound = signature.bind(self, *args, **kwargs)
+        given = bound.arguments.get("callbacks")
+        if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
+            return original(self, *args, **kwargs)
+        try:  # the same on every rank: it either works everywhere or fails everywhere, before any collective
             callback = HorovodMlflowCallback(
                 model=self,
-                run_id=destination.run_id_from_environment() or captured_run_id,  # start_run() may have deleted it
-                elastic_state=elastic.state_from_callbacks(callbacks),
-                **settings,
+                run_id=destination.run_id_from_environment() or _run_id,  # start_run() may have deleted it
+                elastic_state=elastic.state_from_callbacks(_callbacks_in(given)),
+                options=options,
             )
             callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
-            bound.arguments["callbacks"] = [callback, *_csv_logger(self, bound.arguments), *callbacks]
-        except Exception as error:  # noqa: BLE001 - never break the user's fit
-            logger.warning("hvd-mlflow: fit runs without hvd-mlflow logging: %s", error)
-            return original(self, *args, **kwargs)
+            bound.arguments["callbacks"] = _with_first(callback, given, self)
+        except Exception as error:
+            raise HvdMlflowError(
+                f"hvd-mlflow could not add its callback to this fit ({type(error).__name__}: {error}); fit does not "
+                "run without it, since the ranks' metrics and early stopping would then disagree. Pass callbacks as "
+                "a list, or call hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
+            ) from error
         try:
             return original(*bound.args, **bound.kwargs)
         except BaseException as error:
-            if elastic.is_reset(error):  # fit runs again after the reset: flush briefly, leave the run open
-                callback._finish(None, timeout=5.0)
+            if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
+                callback._after_reset()
             else:
-                callback._finish("FAILED")
+                callback._end_fit("FAILED")
             raise
         finally:
-            callback._finish("FINISHED")
+            callback._end_fit("FINISHED")
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
 
 
-def _csv_logger(model: Any, arguments: Mapping[str, Any]) -> list[Any]:
-    """Keras' own CSVLogger on rank 0, right after hvd-mlflow's callback (so it writes global values)."""
-    if not _csv_path["path"] or topology.current().rank != 0:
+def _callbacks_in(given: Any) -> list[Any]:
+    """The callbacks of ``fit(callbacks=...)`` in every form Keras accepts: None, a list or tuple, a
+    ``CallbackList`` (Keras 3 or tf_keras)."""
+    if given is None:
         return []
-    module = importlib.import_module(keras_flavour.of_model(model))
-    resume = bool(arguments.get("initial_epoch"))
-    return [module.callbacks.CSVLogger(_csv_path["path"], append=resume)]
+    inner = getattr(given, "callbacks", None)
+    if isinstance(inner, list) and _is_callback_list(given):
+        return list(inner)
+    return list(given)
+
+
+def _is_callback_list(value: Any) -> bool:
+    return any(klass.__name__ == "CallbackList" for klass in type(value).__mro__)
+
+
+def _with_first(callback: Any, given: Any, model: Any) -> Any:
+    """``given`` with ``callback`` first, in the form it came in. A ``CallbackList`` is rebuilt as the same class
+    (Keras computes which hooks to call when one is built), with the user's callbacks, model and params."""
+    if given is None or not _is_callback_list(given):
+        return [callback, *(given or [])]
+    params = dict(getattr(given, "params", None) or {})
+    rebuilt = type(given)([callback, *given.callbacks], model=getattr(given, "model", None) or model, **params)
+    if not params:
+        callback.set_params({})
+    return rebuilt
 
 
 def _batch_size(arguments: Mapping[str, Any]) -> int | None:

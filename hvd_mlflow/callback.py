@@ -1,4 +1,26 @@
-"""The Keras callback: global epoch metrics on every rank, logged to MLflow by rank 0 alone."""
+"""The Keras callback: global epoch metrics on every rank, logged to MLflow by rank 0 alone.
+
+Which code runs where. Every hook runs on every rank. Inside a hook, ``if self._logging:`` marks what rank 0
+alone does (only rank 0 ever holds a :class:`~hvd_mlflow.run_logger.RunLogger`), and all of it runs inside
+``self._rank0.step(...)`` (:mod:`hvd_mlflow.rank_zero`), which never raises: a failure there is one warning, and
+logging degrades instead of the training.
+
+The decisions that choose which collectives a rank calls, each the same on every rank by construction:
+
+* ``on_train_begin``: one ``allgather_object`` (:mod:`hvd_mlflow.fit_plan`) when Horovod runs more than one
+  process (Horovod's size). It agrees on rank 0's run and first global step, and checks that every rank has the
+  same options that shape collectives (``reduction``, ``log_every_n_steps``, ``rank_spread``); if not, every rank
+  raises the same error.
+* ``on_train_batch_end``: whether this batch is reduced: ``log_every_n_steps`` (agreed) and the global step, which
+  is the agreed first step plus the batches counted from Keras' batch indices (:mod:`hvd_mlflow.batch_steps`),
+  never a rank's own optimizer: right when rank 0 alone restored a checkpoint, with ``steps_per_execution > 1``
+  in both Keras flavours, ``initial_epoch > 0`` and a second ``fit``.
+* ``on_epoch_end``: always exactly one collective (Keras calls the hook on every rank for every epoch); an
+  allgather instead of an allreduce when ``rank_spread`` is set (agreed). What goes into it differs by epoch
+  (validation or not, ``validation_freq``) alike on every rank, and its layout is checked inside the same
+  collective: a difference raises on every rank (:mod:`hvd_mlflow.aggregate`).
+* nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
+"""
 
 from __future__ import annotations
 
@@ -7,29 +29,22 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import (
-    collectives,
-    destination,
-    elastic,
-    journal,
-    keras_flavour,
-    metric_state,
-    model_logging,
-    run_params,
-    topology,
-)
+from . import collectives, destination, elastic, journal, keras_flavour, metric_state, model_logging, run_params
 from ._log import logger, set_silent, warn_once
 from .aggregate import Reducer, numeric_entries, write_back
+from .batch_steps import BatchClock
 from .config import Options
+from .fit_plan import Proposal, agree
 from .names import NameMap
-from .redact import redact
+from .rank_zero import RankZeroGuard
 from .run_logger import RunLogger
 
 _concrete_classes: dict[str, type] = {}
+HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
 
 
 class HorovodMlflowCallback:
-    """Average Keras' epoch metrics over all Horovod ranks and log them to MLflow from rank 0.
+    """Make Keras' epoch metrics global over all Horovod ranks and log them to MLflow from rank 0.
 
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
     logs by its value over all ranks (one collective for all of them; by default each Keras metric is computed
@@ -60,9 +75,8 @@ class HorovodMlflowCallback:
         flavour: ``"keras"`` or ``"tf_keras"``, instead of ``model``.
         run_id: log into this run instead of ``MLFLOW_RUN_ID`` / the active run / a new one.
         elastic_state: the ``hvd.elastic`` Keras state, under elastic training.
-        **options: ``reduction``, ``flush_timeout``, ``run_wait``, ``extra_tags``, ``extra_params``, ``journal_dir``,
-            ``silent``, ``log_every_n_steps``, ``rank_spread``, ``resume``: see :class:`hvd_mlflow.config.Options`;
-            each defaults to its ``HVD_MLFLOW_*`` environment variable.
+        **options: any option of :class:`hvd_mlflow.config.Options` but ``guard_other_ranks`` (an ``autolog()``
+            one); each defaults to its ``HVD_MLFLOW_*`` environment variable.
     """
 
     _flavour: str | None = None  # set on the concrete per-flavour subclasses
@@ -83,31 +97,34 @@ class HorovodMlflowCallback:
         **options: Any,
     ) -> None:
         super().__init__()
-        autolog_only = {
-            "guard_other_ranks": "",
-            "csv_path": " (add keras.callbacks.CSVLogger after this callback)",
-        }
-        for name, hint in autolog_only.items():
-            if name in options:
-                raise TypeError(f"{name} is an option of hvd_mlflow.autolog() only{hint}")
-        self.options = Options.resolve(**options)
+        self.options = Options.for_callback(**options)
         set_silent(self.options.silent)
         self.run_id: str | None = None
         self._captured_run_id = run_id or destination.run_id_from_environment()
-        self._elastic_state = elastic_state
-        self._epoch_offset: int | None = None
-        self._batches_seen = 0
-        self._epoch_base_step: int | None = None
+        self._elastic = elastic.ElasticSession(elastic_state) if elastic_state is not None else None
         self._batch_size: int | None = None
-        self._run_logger: RunLogger | None = None
-        self._reducer: Reducer | None = None
+        self._comm: collectives.Collectives = collectives.Solo()
+        self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
+        self._run_logger: RunLogger | None = None  # rank 0 only, while logging
+        self._csv_logger: Any = None  # rank 0 only, with csv_path
+        self._finished = True
+        self._begin_fit_state()
+
+    def _begin_fit_state(self) -> None:
+        self._reducer = Reducer(self._comm, self.options.reduction, spread=self.options.rank_spread)
+        self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
+        self._clock = BatchClock(0, self.options.log_every_n_steps, 1, False, None)
         self._train_state: metric_state.MetricState | None = None
         self._validating = False
-        self._comm: collectives.Collectives = collectives.Solo()
-        self._metric_names: NameMap  # built at train begin, when the rank (who warns) is known
-        self._params_logged = False
-        self._finished = True
+        self._params_logged = bool(self._elastic and self._elastic.link.params_logged)
+        self._owns_run = False
+        self._step = 0
         self._epoch_start = time.perf_counter()
+
+    @property
+    def _logging(self) -> bool:
+        """Rank 0, logging: what only rank 0 does runs under this, inside ``self._rank0.step``."""
+        return self._run_logger is not None
 
     # -- Keras hooks -----------------------------------------------------------------------------------
     def set_model(self, model: Any) -> None:
@@ -120,34 +137,41 @@ class HorovodMlflowCallback:
         super().set_model(model)
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
-        interrupted = not self._finished  # the previous fit was cut by an elastic reset: this is a restart
-        self._finished = False
-        self._params_logged = False
-        self._epoch_offset = None
+        if self._elastic is not None:
+            self._elastic.fit_begins()
+        if self._run_logger is not None:  # the previous fit was cut (a reset): whoever is rank 0 now replays it
+            self._hand_over()
         self._comm = collectives.current()
-        self._reducer = Reducer(self._comm, self.options.reduction, spread=self.options.rank_spread)
-        if self.options.reduction == "exact" and self._comm.rank == 0:
-            self._warn_non_additive()
-        self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
-        link = elastic.link(self._elastic_state) if self._elastic_state is not None else None
-        leader = self._comm.rank == 0 and topology.current().is_chief
-        if interrupted and self._run_logger is not None and not leader:
-            self._finish(None, timeout=5.0)  # no longer rank 0: the new rank 0 replays what this did not send
-            self._finished = False
-        run_id, owns_run = (link.run_id, link.owns_run) if link else (None, False)
-        if leader and self._run_logger is None:
-            run_id, owns_run = self._start_logging(link)
-        elif leader:
-            run_id = self.run_id  # the same rank 0 as before the reset: same journal, same sender
-        if self._comm.size > 1:
-            run_id, owns_run = self._comm.broadcast_object((run_id, owns_run), name="hvd_mlflow.run_id")
-        self.run_id = run_id
-        if link is not None:
-            link.run_id, link.owns_run = run_id or link.run_id, owns_run or link.owns_run
-            self._params_logged = link.params_logged
-            if self._run_logger is not None and not interrupted:
-                for step, (timestamp_ms, values) in link.history.items():  # what the old rank 0 may not have sent
-                    self._run_logger.log_metrics(step, values, timestamp_ms=timestamp_ms)
+        self._finished = False
+        self._begin_fit_state()
+        first_step = 0
+        if self._comm.rank == 0:
+            with self._rank0.step("opening the run and the journal", essential=True):
+                self._start_logging()
+            with self._rank0.step("reading the optimizer's step"):
+                first_step = run_params.optimizer_iterations(self.model) or 0
+            if self.options.reduction == "exact":
+                with self._rank0.step("checking the metrics"):
+                    self._warn_non_additive()
+        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, self.options.collective()))
+        self.run_id = plan.run_id
+        if self._elastic is not None:
+            self._elastic.agreed_run(plan.run_id, plan.owns_run)
+        params = self.params or {}
+        self._clock = BatchClock(
+            plan.first_step,
+            self.options.log_every_n_steps,
+            per_execution=keras_flavour.steps_per_execution(self.model),
+            index_is_first=keras_flavour.batch_index_is_first(self._flavour or "keras"),
+            steps_per_epoch=params.get("steps"),
+        )
+        if self._logging:
+            with self._rank0.step("starting the sender"):  # without it the journal still keeps everything, for sync
+                self._run_logger.start()
+            if self._elastic is not None:  # after a reset: what the old rank 0 may not have sent (see elastic)
+                with self._rank0.step("replaying the epochs before the reset", essential=True):
+                    for step, timestamp_ms, values in self._elastic.replay():
+                        self._run_logger.log_metrics(step, values, timestamp_ms=timestamp_ms)
 
     def _implements_train_batch_hooks(self) -> bool:  # tf_keras: skip per-batch calls unless they are used
         return self.options.log_every_n_steps > 0
@@ -156,44 +180,32 @@ class HorovodMlflowCallback:
     _supports_tf_logs = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        every = self.options.log_every_n_steps
-        if every <= 0 or logs is None or self._reducer is None:
-            return
-        self._batches_seen += 1
-        # the global step: the optimizer's iterations, read once per epoch (reading it per batch would sync)
-        step = self._batches_seen if self._epoch_base_step is None else self._epoch_base_step + batch + 1
-        if step % every:
+        step = self._clock.after_batch(batch)
+        if step is None:
             return
         states = [metric_state.capture(self.model, prefix="")] if self.options.reduction != "mean" else []
-        global_values = self._reducer.reduce(numeric_entries(logs), tag="batch", states=states)
-        write_back(logs, global_values)
-        names = self._metric_names(global_values)
-        if self._run_logger is not None:
-            logged = {f"batch/{names[k]}": v for k, v in global_values.items()}
-            logged.update({f"batch/{k}": v for k, v in self._reducer.spread.items()})
-            self._run_logger.log_metrics(step, logged)
+        global_values = self._reducer.reduce(numeric_entries(logs or {}), tag="batch", states=_present(states))
+        write_back(logs if logs is not None else {}, global_values)
+        values = {f"batch/{k}": v for k, v in {**global_values, **self._reducer.spread}.items()}
+        names = self._metric_names(values)  # on every rank: a collision raises on every rank
+        if self._logging:
+            with self._rank0.step("journaling batch values", essential=True):
+                self._run_logger.log_metrics(step, {names[k]: v for k, v in values.items()})
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
         self._epoch_start = time.perf_counter()
-        if self.options.log_every_n_steps > 0:
-            self._epoch_base_step = run_params.optimizer_iterations(self.model)
-        if self._epoch_offset is None:
-            state = self._elastic_state
-            self._epoch_offset = int(state.epoch) - epoch if state is not None else 0
-        if self._elastic_state is not None:  # every rank: whoever is rank 0 after a reset does not log them again
-            elastic.link(self._elastic_state).params_logged = True
-        if self._run_logger is not None and not self._params_logged:
-            self._params_logged = True
-            params = run_params.training_params(
-                self.params or {},
-                self.model,
-                world_size=self._comm.size,
-                batch_size=self._batch_size,
-                initial_epoch=epoch,
-                flavour=self._flavour or "keras",
-            )
-            self._run_logger.log_params({**params, **self.options.extra_params})
+        self._clock.epoch_begins()
+        self._step = self._elastic.step(epoch) if self._elastic else epoch
+        if self._logging and not self._params_logged:
+            with self._rank0.step("params"):
+                self._log_params(epoch)
+        self._params_logged = True
+        if self._elastic is not None:  # every rank: whoever is rank 0 after a reset does not log them again
+            self._elastic.link.params_logged = True
+        if self._logging and self.options.csv_path:
+            with self._rank0.step("the CSV file"):
+                self._open_csv(append=epoch > 0)
 
     def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         # fit's validation is about to reset the metrics: keep the training state first
@@ -204,46 +216,137 @@ class HorovodMlflowCallback:
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
-        assert self._reducer is not None, "on_train_begin was not called"
-        states = []
+        states: list[Any] = []
         if self.options.reduction != "mean":
-            if self._validating:
-                states = [self._train_state, metric_state.capture(self.model, prefix="val_")]
-            else:
-                states = [metric_state.capture(self.model, prefix="")]
-        states = [s for s in states if s is not None]
-        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch", states=states)
+            states = (
+                [self._train_state, metric_state.capture(self.model, prefix="val_")]
+                if self._validating
+                else [metric_state.capture(self.model, prefix="")]
+            )
+        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch", states=_present(states))
         write_back(logs, global_values)
-        names = self._metric_names(global_values)  # the same on every rank: a collision fails them all
-        step = epoch + (self._epoch_offset or 0)
-        if self._run_logger is None and self._elastic_state is None:
-            return
-        logged = {names[k]: v for k, v in global_values.items()}
-        logged.update(self._reducer.spread)
-        for key, value in self._dynamics().items():
-            logged.setdefault(key, value)
+        values = {**global_values, **self._reducer.spread}
+        names = self._metric_names(values)  # on every rank: a collision raises on every rank
+        logged = {names[k]: v for k, v in values.items()}
+        if self._logging:
+            with self._rank0.step("the epoch time and throughput"):
+                for key, value in self._timing().items():
+                    logged.setdefault(key, value)
+            with self._rank0.step("the learning rate"):
+                rate = run_params.current_learning_rate(self.model)
+                if rate is not None:
+                    logged.setdefault("learning_rate", rate)
         timestamp_ms = int(time.time() * 1000)
-        if self._elastic_state is not None:  # every rank keeps it: any of them may be rank 0 after a reset
-            elastic.link(self._elastic_state).remember(step, timestamp_ms, logged)
-        if self._run_logger is not None:
-            self._run_logger.log_metrics(step, logged, timestamp_ms=timestamp_ms)
+        if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
+            self._elastic.link.remember(self._step, timestamp_ms, logged)
+        if self._logging:
+            with self._rank0.step("journaling the epoch", essential=True):
+                self._run_logger.log_metrics(self._step, logged, timestamp_ms=timestamp_ms)
+            if self._csv_logger is not None:
+                with self._rank0.step("the CSV file"):
+                    self._csv_logger.on_epoch_end(epoch, logs)
 
-    def _dynamics(self) -> dict[str, float]:
-        """Rank 0's per-epoch extras: the learning rate now, the epoch's wall time, global samples per second."""
+    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
+        self._end_fit("FINISHED")
+
+    # -- the end of a fit (also called by autolog when fit raises) -------------------------------------
+    def _end_fit(self, status: str) -> None:
+        """Log the model, deliver and close, all within ``flush_timeout`` in total; safe to call twice."""
+        if self._finished:
+            return
+        self._finished = True
+        if not self._logging:
+            return
+        deadline = time.monotonic() + self.options.flush_timeout
+        if status == "FINISHED" and self._logs_models():
+            with self._rank0.step("logging the model"):
+                self._log_model(deadline)
+        if self._csv_logger is not None:
+            with self._rank0.step("the CSV file"):
+                self._csv_logger.on_train_end()
+        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
+        with self._rank0.step("delivering the last epochs"):
+            run_logger.close(status, deadline)
+
+    def _after_reset(self) -> None:
+        """``fit`` was cut by an elastic reset and will run again: stop sending at once, leave the run open."""
+        self._finished = True
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
+        if run_logger is not None:
+            with self._rank0.step("handing the run over after a reset"):
+                run_logger.journal.update_meta(ended=True)  # its run goes on: sync must not end it
+                run_logger.stop(wait=HAND_OVER_WAIT_S)
+
+    def _stop_logging(self) -> None:
+        """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
+        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
+        try:
+            if run_logger is not None:
+                run_logger.stop()
+        except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
+            logger.warning("hvd-mlflow: could not stop the sender cleanly: %s", error)
+
+    # -- rank 0 --------------------------------------------------------------------------------------
+    def _start_logging(self) -> None:
+        """Open rank 0's journal, and learn the run id (within ``run_wait`` when the sender must create the run)."""
+        link = self._elastic.link if self._elastic else None
+        dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
+        tags = run_params.run_tags(
+            world_size=self._comm.size,
+            reduction=self.options.reduction,
+            flavour=self._flavour or "keras",
+            extra=self.options.extra_tags,
+        )
+        directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
+        self._owns_run = dest.run_id is None or bool(link and link.owns_run)
+        self._run_logger = RunLogger(
+            dest, directory, run_tags=tags, resume=self.options.resume, owns_run=self._owns_run, elastic=bool(link)
+        )
+        self.run_id = dest.run_id
+        if dest.run_id is not None:
+            return
+        with self._rank0.step("starting the sender"):  # it creates the run: start now, so every rank learns its id
+            self._run_logger.start()
+        if self._run_logger.sender.alive:
+            self.run_id = self._run_logger.wait_for_run(self.options.run_wait)
+        if self.run_id is None:
+            logger.info(
+                "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
+                "sent when it answers (other ranks do not learn the run id)",
+                dest.display_uri,
+                self.options.run_wait,
+            )
+
+    def _log_params(self, epoch: int) -> None:
+        assert self._run_logger is not None
+        params = run_params.training_params(
+            self.params or {},
+            self.model,
+            world_size=self._comm.size,
+            batch_size=self._batch_size,
+            initial_epoch=epoch,
+            flavour=self._flavour or "keras",
+        )
+        self._run_logger.log_params({**params, **self.options.extra_params})
+
+    def _timing(self) -> dict[str, float]:
+        """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""
         seconds = time.perf_counter() - self._epoch_start
         out = {"epoch_time_s": seconds}
-        rate = run_params.current_learning_rate(self.model)
-        if rate is not None:
-            out["learning_rate"] = rate
-        samples = self._reducer.train_samples if self._reducer is not None else None
+        samples = self._reducer.train_samples
         if samples and seconds > 0:
             out["samples_per_s"] = samples / seconds
         return out
 
-    def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        if self._run_logger is not None and self._logs_models():
-            self._log_model()
-        self._finish("FINISHED")
+    def _open_csv(self, append: bool) -> None:
+        if self._csv_logger is None:
+            self._csv_logger = keras_flavour.csv_logger(self._flavour or "keras", self.options.csv_path, append)
+            self._csv_logger.set_model(self.model)
+            self._csv_logger.set_params(self.params or {})
+            self._csv_logger.on_train_begin()
 
     def _logs_models(self) -> bool:
         """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside."""
@@ -253,32 +356,22 @@ class HorovodMlflowCallback:
 
         return not destination.is_azureml_job(mlflow.get_tracking_uri())
 
-    def _log_model(self) -> None:
+    def _log_model(self, deadline: float) -> None:
         import mlflow
 
         assert self._run_logger is not None, "only rank 0, while logging, logs the model"
-        run_id = self.run_id or self._run_logger.wait_for_run(self.options.run_wait)
+        if self._run_logger.server_down:
+            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
+            return
+        wait = min(self.options.run_wait, deadline - time.monotonic())
+        run_id = self.run_id or self._run_logger.wait_for_run(wait)
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
         model_logging.log_model(
-            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=self.options.flush_timeout
+            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
         )
-
-    # -- used by autolog -------------------------------------------------------------------------------
-    def _set_fit_arguments(self, batch_size: int | None) -> None:
-        self._batch_size = batch_size
-
-    def _finish(self, status: str | None, timeout: float | None = None) -> None:
-        """Flush (bounded) and end the run if hvd-mlflow created it (``status`` None: leave it open); safe to
-        call twice."""
-        if self._finished:
-            return
-        self._finished = True
-        run_logger, self._run_logger = self._run_logger, None
-        if run_logger is not None:
-            run_logger.close(status, timeout=self.options.flush_timeout if timeout is None else timeout)
 
     def _warn_non_additive(self) -> None:
         names = metric_state.non_additive_names(self.model)
@@ -290,42 +383,13 @@ class HorovodMlflowCallback:
                 ", ".join(names),
             )
 
-    # -- rank 0 --------------------------------------------------------------------------------------
-    def _start_logging(self, link: elastic.ElasticLink | None) -> tuple[str | None, bool]:
-        """Open rank 0's journal and sender; the run id (if known within ``run_wait``) and whether we create it."""
-        try:
-            dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
-            tags = run_params.run_tags(
-                world_size=self._comm.size,
-                reduction=self.options.reduction,
-                flavour=self._flavour or "keras",
-                extra=self.options.extra_tags,
-            )
-            directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
-            owns_run = dest.run_id is None or bool(link and link.owns_run)
-            self._run_logger = RunLogger(
-                dest,
-                directory,
-                run_tags=tags,
-                resume=self.options.resume,
-                owns_run=owns_run,
-                elastic=link is not None,
-            )
-            if dest.run_id is not None:
-                return dest.run_id, owns_run
-            run_id = self._run_logger.wait_for_run(self.options.run_wait)
-            if run_id is None:
-                logger.info(
-                    "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
-                    "sent when it answers (other ranks do not learn the run id)",
-                    dest.display_uri,
-                    self.options.run_wait,
-                )
-            return run_id, owns_run
-        except Exception as error:  # noqa: BLE001 - a logging problem must not stop the training
-            logger.warning("hvd-mlflow: MLflow logging is off for this fit: %s", redact(str(error)))
-            self._run_logger = None
-            return None, False
+    # -- used by autolog -------------------------------------------------------------------------------
+    def _set_fit_arguments(self, batch_size: int | None) -> None:
+        self._batch_size = batch_size
+
+
+def _present(states: list[Any]) -> list[metric_state.MetricState]:
+    return [s for s in states if s is not None]
 
 
 def _concrete_class(flavour: str) -> type:

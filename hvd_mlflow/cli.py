@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -70,23 +69,23 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
     from .limits import for_tracking_uri
     from .redact import mask_uri
 
-    journal = journal_module.Journal.open(path)
-    meta = journal.meta()
-    alive = _writer_alive(meta)
-    if alive and not force:
-        click.echo(f"{path}: skipped, its training (pid {meta.get('pid')}) is still running (--force to upload)")
+    journal = journal_module.FileJournal.open(path)
+    if not journal.take_over() and not force:
+        click.echo(f"{path}: skipped, a training still sends from it (its process holds the journal; --force uploads)")
         journal.close()
         return
-    uri = tracking_uri or meta.get("tracking_uri")
-    if not tracking_uri and meta.get("tracking_uri_has_credentials") == "1":
+    meta = journal.meta()
+    uri = tracking_uri or meta.tracking_uri
+    if not tracking_uri and meta.tracking_uri_has_credentials:
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
+            journal.close()
             raise click.ClickException(
                 f"{path}: its tracking URI carried credentials, which journals never store; "
                 "give it with --tracking-uri or MLFLOW_TRACKING_URI"
             )
-    if not meta.get("final_status") and not alive:
-        journal.set_meta({"final_status": "KILLED"})  # the training died without an outcome
+    if not meta.final_status and not meta.ended:
+        journal.update_meta(final_status="KILLED")  # the training died without an outcome
     uploader = Uploader(journal, MlflowClient(uri), for_tracking_uri(uri))
     total = journal.count()
     with click.progressbar(length=total, label=f"{path.name} -> {mask_uri(uri)}", file=sys.stderr) as bar:
@@ -186,19 +185,6 @@ def doctor() -> None:
             click.echo(f"   {'':<24} -> {check.fix}")
     if bad:
         raise SystemExit(1)
-
-
-def _writer_alive(meta: dict) -> bool:
-    """Whether the process that writes this journal is still alive on this host."""
-    if meta.get("host") != socket.gethostname() or not meta.get("pid"):
-        return False
-    try:
-        os.kill(int(meta["pid"]), 0)
-    except (ProcessLookupError, ValueError):
-        return False
-    except PermissionError:
-        return True
-    return int(meta["pid"]) != os.getpid()
 
 
 if __name__ == "__main__":

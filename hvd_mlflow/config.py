@@ -1,6 +1,9 @@
 """Options of :func:`hvd_mlflow.autolog` and the callback, with their ``HVD_MLFLOW_*`` environment variables.
 
-An argument given in code wins over the environment variable, which wins over the default.
+An argument given in code wins over the environment variable, which wins over the default. Options are
+resolved once: ``autolog()`` resolves :class:`AutologOptions` and hands them to every callback it adds; a
+callback built by hand resolves :class:`Options`. The docstring of :class:`Options` is the one description of
+each option (docs/reference.md is checked against it by the tests).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 ENV_PREFIX = "HVD_MLFLOW_"
+REDUCTIONS = ("exact", "weighted", "mean")
+RESUME_POLICIES = ("skip", "log")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +33,8 @@ class Options:
         journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
             directory); ``hvd-mlflow sync`` looks there by default.
         silent: no warnings from hvd-mlflow (errors are still raised).
-        csv_path: with ``autolog()``, rank 0 also writes the global values to this file with Keras' own
-            ``CSVLogger`` (the seed recipe's format), so existing pandas notebooks keep working.
-        guard_other_ranks: with ``autolog()``, MLflow writes from user code on ranks other than 0 do nothing
-            (see :mod:`hvd_mlflow.guard`).
+        csv_path: rank 0 also writes the global values to this file with Keras' own ``CSVLogger`` (the seed
+            recipe's format, appending when ``fit`` resumes), so existing pandas notebooks keep working.
         log_every_n_steps: also log batch-level values every N training batches (0: off), under
             ``batch/<name>`` keys at the global step (the optimizer's iteration count), reduced over ranks like
             the epoch values. Keras reports at a batch the running value since the epoch began.
@@ -53,7 +56,6 @@ class Options:
     extra_params: Mapping[str, str] = dataclasses.field(default_factory=dict)
     journal_dir: str = ""
     silent: bool = False
-    guard_other_ranks: bool = True
     csv_path: str = ""
     log_every_n_steps: int = 0
     rank_spread: tuple[str, ...] = ()
@@ -76,16 +78,60 @@ class Options:
         if given:
             raise TypeError(f"unknown option(s): {', '.join(sorted(given))}")
         options = cls(**values)
-        if options.reduction not in ("exact", "weighted", "mean"):
-            raise ValueError(f"reduction={options.reduction!r}: choose exact, weighted or mean")
-        if options.resume not in ("skip", "log"):
-            raise ValueError(f"resume={options.resume!r}: choose skip or log")
+        if options.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={options.reduction!r}: choose one of {', '.join(REDUCTIONS)}")
+        if options.resume not in RESUME_POLICIES:
+            raise ValueError(f"resume={options.resume!r}: choose one of {', '.join(RESUME_POLICIES)}")
         if options.log_every_n_steps < 0:
             raise ValueError(f"log_every_n_steps={options.log_every_n_steps}: give 0 (off) or a positive number")
         spread = options.rank_spread
         spread = _split(spread) if isinstance(spread, str) else tuple(str(key) for key in spread)
         options = dataclasses.replace(options, rank_spread=spread)
         return options
+
+    @classmethod
+    def for_callback(cls, **given: Any) -> Options:
+        """The callback's options: ``options=`` an already resolved object (what ``autolog()`` passes), else
+        resolved from ``given`` and the environment."""
+        resolved = given.pop("options", None)
+        if resolved is not None:
+            if given:
+                raise TypeError(f"give options= or option values, not both ({', '.join(sorted(given))})")
+            return resolved
+        autolog_only = sorted(set(given) & (_field_names(AutologOptions) - _field_names(Options)))
+        if autolog_only:
+            raise TypeError(f"{', '.join(autolog_only)}: an option of hvd_mlflow.autolog() only")
+        return cls.resolve(**given)
+
+    def collective(self) -> tuple[tuple[str, Any], ...]:
+        """The options that decide which collectives every rank runs: ranks must agree on them."""
+        return (
+            ("reduction", self.reduction),
+            ("log_every_n_steps", self.log_every_n_steps),
+            ("rank_spread", self.rank_spread),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class AutologOptions(Options):
+    """The options of :func:`hvd_mlflow.autolog`: every option of :class:`Options`, and:
+
+    Attributes:
+        guard_other_ranks: MLflow writes from user code on ranks other than 0 do nothing (see
+            :mod:`hvd_mlflow.guard`).
+    """
+
+    guard_other_ranks: bool = True
+
+
+def _field_names(cls: type) -> set[str]:
+    return {field.name for field in dataclasses.fields(cls)}
+
+
+def environment_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The raw ``HVD_MLFLOW_<NAME>`` variable of option ``name`` (``None`` when unset or empty)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV_PREFIX + name.upper()) or None
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from .aggregate import scalar
 from .delivery import JOURNAL_ID_TAG, Uploader
-from .journal import Journal
+from .journal import JournalMeta, MemoryJournal
 from .limits import for_tracking_uri
 from .names import NameMap
 
@@ -70,12 +69,12 @@ def import_csv(
     client = MlflowClient(uri)
     rows = read_csv_logger(path)
     checksum = hashlib.sha256(path.read_bytes()).hexdigest()
-    journal = Journal.in_memory({
-        "tracking_uri": uri, "run_id": run_id, "experiment_name": experiment, "journal_id": checksum,
-        "create_attempted": "1",  # look for the run of an earlier import of the same file first
-        "run_tags": json.dumps({"hvd_mlflow.source": "import-csv", "hvd_mlflow.csv_file": path.name}),
-        "final_status": "FINISHED",
-    })  # fmt: skip
+    journal = MemoryJournal(JournalMeta(
+        tracking_uri=uri, run_id=run_id, experiment_name=experiment, journal_id=checksum,
+        create_attempted=True,  # look for the run of an earlier import of the same file first
+        run_tags={"hvd_mlflow.source": "import-csv", "hvd_mlflow.csv_file": path.name},
+        final_status="FINISHED",
+    ))  # fmt: skip
     uploader = Uploader(journal, client, for_tracking_uri(uri))
     run = uploader.ensure_run()
     names = NameMap(what="metric")(sorted({k for row in rows for k in row if k != "epoch"}))
@@ -93,7 +92,7 @@ def import_csv(
         done += settled
         if on_progress:
             on_progress(done, total)
-    if uploader.meta.get("created_run") == "1" and not run_id:
+    if uploader.meta.created_run and not run_id:
         uploader.finish()
     journal.close()
     client.set_tag(run, JOURNAL_ID_TAG, checksum)

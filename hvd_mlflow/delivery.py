@@ -23,7 +23,6 @@ repeat (4xx) is not retried forever: the entry is isolated, marked rejected in t
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from . import batching
 from ._log import logger
 from .batching import EpochRecord
-from .journal import REJECTED, Entry, Journal
+from .journal import REJECTED, Entry, Journal, JournalMeta
 from .limits import Limits
 from .redact import redact
 
@@ -63,7 +62,7 @@ class Uploader:
         self.journal = journal
         self.client = client
         self.limits = limits
-        self.meta = journal.meta()
+        self.meta: JournalMeta = journal.meta()
         # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
         self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
@@ -73,56 +72,58 @@ class Uploader:
 
     @property
     def run_id(self) -> str | None:
-        return self.meta.get("run_id")
+        return self.meta.run_id
 
     # -- the run ---------------------------------------------------------------------------------------
     def ensure_run(self) -> str:
         if self.run_id:
             return self.run_id
-        if self.meta.get("job_mode") == "1":
+        if self.meta.job_mode:
             raise RuntimeError("no run id in an AzureML job: hvd-mlflow never creates the job's run")
-        journal_id = self.meta["journal_id"]
+        journal_id = self.meta.journal_id
         experiment_id = self._experiment_id()
-        if self.meta.get("create_attempted") == "1":  # an earlier create may have been applied
+        if self.meta.create_attempted:  # an earlier create may have been applied
             found = self.client.search_runs(
                 [experiment_id], filter_string=f"tags.`{JOURNAL_ID_TAG}` = '{journal_id}'", max_results=1
             )
             if found:
                 return self._remember_run(found[0].info.run_id)
-        self.journal.set_meta({"create_attempted": "1"})
-        tags = {**json.loads(self.meta.get("run_tags") or "{}"), JOURNAL_ID_TAG: journal_id}
+        self.meta = self.journal.update_meta(create_attempted=True)
+        tags = {**self.meta.run_tags, JOURNAL_ID_TAG: journal_id}
         run = self.client.create_run(experiment_id, tags=tags)
         self._created_here = True
         return self._remember_run(run.info.run_id)
 
     def _experiment_id(self) -> str:
-        if self.meta.get("experiment_id"):
-            return str(self.meta["experiment_id"])
-        name = self.meta.get("experiment_name")
+        if self.meta.experiment_id:
+            return str(self.meta.experiment_id)
+        name = self.meta.experiment_name
         if not name:
             return DEFAULT_EXPERIMENT_ID
         experiment = self.client.get_experiment_by_name(name)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
-        self.journal.set_meta({"experiment_id": experiment_id})
-        self.meta["experiment_id"] = experiment_id
+        self.meta = self.journal.update_meta(experiment_id=experiment_id)
         return experiment_id
 
     def _remember_run(self, run_id: str) -> str:
-        self.journal.set_meta({"run_id": run_id, "created_run": "1"})
-        self.meta.update(run_id=run_id, created_run="1")
+        self.meta = self.journal.update_meta(run_id=run_id, created_run=True)
         return run_id
 
     def finish(self) -> bool:
-        """End the run if hvd-mlflow created it and the training's outcome is known; True when done."""
-        if self.journal.count() or self.meta.get("ended") == "1":
-            return self.meta.get("ended") == "1"
-        status = self.journal.meta().get("final_status")
-        if self.meta.get("created_run") == "1" and status and self.meta.get("job_mode") != "1":
+        """Once everything is delivered: end the run if hvd-mlflow created it and the training's outcome is
+        known. True when nothing is left to do (``ended``: the run was ended, or is to be left as it is)."""
+        if self.journal.count():
+            return False
+        self.meta = self.journal.meta()
+        if self.meta.ended:
+            return True
+        status = self.meta.final_status
+        if not status:
+            return False
+        if self.meta.created_run and not self.meta.job_mode and self.run_id:
             _end_run(self.client, self.run_id, status)
-        if status:
-            self.journal.set_meta({"ended": "1"})
-            self.meta["ended"] = "1"
-        return bool(status)
+        self.meta = self.journal.update_meta(ended=True)
+        return True
 
     # -- entries ---------------------------------------------------------------------------------------
     def upload_some(self) -> int:
@@ -160,7 +161,7 @@ class Uploader:
                     group[0].kind,
                     group[0].step,
                     redact(str(error))[:500],
-                    self.journal.path,
+                    self.journal.location,
                 )
         if not entries:
             self._isolate = False
@@ -168,7 +169,7 @@ class Uploader:
 
     def _read_existing(self, run_id: str) -> _ExistingRun:
         """What the run holds already (nothing when this uploader just created it); policy ``log``: no skipping."""
-        if self.meta.get("resume", "skip") != "skip":
+        if self.meta.resume != "skip":
             return _ExistingRun({}, {}, skip=False)
         if self._created_here:
             return _ExistingRun({}, {})
@@ -250,7 +251,7 @@ class Uploader:
             skipped = len(record.metrics) - len(kept)
             if skipped and not self.skipped_points:
                 # after an elastic reset the new rank 0 replays recent epochs on purpose: no warning then
-                (logger.info if self.meta.get("elastic") == "1" else logger.warning)(
+                (logger.info if self.meta.elastic else logger.warning)(
                     "hvd-mlflow: the run already holds %s at step %d (and maybe later steps): points at or below "
                     "a metric's last logged step are not sent again (resume='skip'). Pass fit(initial_epoch=...) "
                     "to continue a run, or set resume='log' to log them anyway.",

@@ -79,7 +79,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
                      ok=bool(plugin) or not uses, fix="pip install 'hvd-mlflow[azureml]'"))  # fmt: skip
     job = destination.is_azureml_job(uri)
     out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
-    pending = sum(journal.Journal.open(p).count() for p in journal.find())
+    pending = sum(journal.FileJournal.open(p).count() for p in journal.find())
     out.append(Check("pending journal entries", f"{pending} in {journal.default_directory()}", ok=pending == 0,
                      fix="upload them: hvd-mlflow sync" if pending else ""))  # fmt: skip
     return out

@@ -2,30 +2,37 @@
 
 With ``hvd.elastic.run``, a reset (a process died, hosts changed) re-runs ``fit`` in the surviving processes;
 Keras' epoch counter restarts at 0 while the elastic state's ``epoch`` carries on, and the process that was
-rank 0 may be gone. hvd-mlflow keeps, on the elastic state object of every process (a plain attribute, never
-synchronised nor committed), an :class:`ElasticLink`: the run id and whether hvd-mlflow created it (learned
-from rank 0's broadcast), and the global values of recent epochs (every rank computed them). After a reset:
+rank 0 may be gone, or may now be another rank. hvd-mlflow keeps, on the elastic state object of every process
+(a plain attribute, never synchronised nor committed), an :class:`ElasticLink`: the run id and whether
+hvd-mlflow created it (learned from rank 0 at train begin), and the global values of recent epochs (every rank
+computed them). At a reset:
 
-* steps are ``state.epoch`` at train begin + Keras' epoch, so the curve continues where it was;
-* the new rank 0 logs into the same run (and ends it if hvd-mlflow created it), and replays the recent
-  epochs: those the old rank 0 had delivered are skipped by the uploader's resume rule (a point at or below
-  its metric's last logged step is not sent again), those it had not are sent. No epoch that the survivors
-  completed is lost, none is logged twice.
+* every process stops its sender at once, without waiting for delivery (the journal keeps what it did not send,
+  marked as handed over, so ``sync`` never ends the run);
+* steps are ``state.epoch`` at the restart + Keras' epoch, so the curve continues where it was;
+* whoever is rank 0 now logs into the same run (and ends it if hvd-mlflow created it), and replays the recent
+  epochs: those already delivered are skipped by the uploader's resume rule (a point at or below its metric's
+  last logged step is not sent again), the others are sent. No epoch that the survivors completed is lost, none
+  is logged twice.
 
-The state is found from Horovod's ``UpdateEpochStateCallback`` in ``fit``'s callbacks (``autolog()``), or given
-as ``HorovodMlflowCallback(elastic_state=state)``.
+:class:`ElasticSession` is the callback's side of it; the state is found from Horovod's
+``UpdateEpochStateCallback`` in ``fit``'s callbacks (``autolog()``), or given as
+``HorovodMlflowCallback(elastic_state=state)``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 _ATTRIBUTE = "_hvd_mlflow_link"
 HISTORY_EPOCHS = 1000  # recent epochs kept for a replay after a reset (100 metrics each: ~1 MB)
 _RESET_ERRORS = ("HorovodInternalError", "HostsUpdatedInterrupt")
+# What Horovod's own ``horovod.tensorflow.elastic.run`` treats as a reset when TensorFlow raises it: an
+# ``UnknownError`` from one of Horovod's collective ops (a peer died inside ``fit``).
+_RESET_OPS = ("HorovodAllreduce", "HorovodAllgather", "HorovodBroadcast")
 
 
 @dataclasses.dataclass
@@ -54,6 +61,34 @@ def link(state: Any) -> ElasticLink:
     return found
 
 
+class ElasticSession:
+    """One callback's view of an elastic training: restarts, steps, the run across resets, the replay."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.link = link(state)
+        self._offset: int | None = None
+
+    def fit_begins(self) -> None:
+        """Called at train begin: the step offset is measured again at the first epoch."""
+        self._offset = None
+
+    def step(self, epoch: int) -> int:
+        """The run's step of Keras' ``epoch``: the state's epoch when this ``fit`` began, plus Keras' count."""
+        if self._offset is None:
+            self._offset = int(self.state.epoch) - epoch
+        return epoch + self._offset
+
+    def agreed_run(self, run_id: str | None, owns_run: bool) -> None:
+        self.link.run_id = run_id or self.link.run_id
+        self.link.owns_run = owns_run or self.link.owns_run
+
+    def replay(self) -> Iterator[tuple[int, int, dict[str, float]]]:
+        """The recent epochs, for a new rank 0 to send again (the resume rule drops what the run holds)."""
+        for step, (timestamp_ms, values) in list(self.link.history.items()):
+            yield step, timestamp_ms, values
+
+
 def state_from_callbacks(callbacks: Iterable[Any]) -> Any | None:
     """The elastic state of Horovod's ``UpdateEpochStateCallback`` among ``callbacks``, if any."""
     for callback in callbacks:
@@ -63,5 +98,11 @@ def state_from_callbacks(callbacks: Iterable[Any]) -> Any | None:
 
 
 def is_reset(error: BaseException) -> bool:
-    """Whether ``error`` is Horovod's signal of an elastic reset (``fit`` will run again), not a failure."""
-    return any(type(error).__name__ == name for name in _RESET_ERRORS)
+    """Whether ``error`` is an elastic reset (``fit`` will run again), not a failure: Horovod's own signals, or a
+    TensorFlow ``UnknownError`` raised by one of Horovod's collectives, which Horovod's elastic ``run`` turns into
+    a reset too."""
+    name = type(error).__name__
+    if name in _RESET_ERRORS:
+        return True
+    message = str(getattr(error, "message", "") or error)
+    return name == "UnknownError" and any(op in message for op in _RESET_OPS)

@@ -2,9 +2,12 @@
 
 In an AzureML job every rank inherits the job's run id, so any ``mlflow.log_*``, ``mlflow.start_run``,
 ``mlflow.autolog`` or ``mlflow.<flavour>.autolog`` in user code writes duplicate points into the job's run from
-every rank (outside AzureML it creates one stray run per rank). :func:`install` makes them no-ops on ranks
-other than 0, each with one warning that says why. On rank 0 the user's own ``mlflow.log_*`` calls keep
-working.
+every rank (outside AzureML it creates one stray run per rank). :func:`install` makes every MLflow write path a
+no-op on ranks other than 0, each with one warning that says why: the fluent functions (also when the user
+imported them before ``autolog()``: they end in the client), every write method of ``MlflowClient``, and
+``log_model`` of every flavour (through ``mlflow.models.Model.log``). ``mlflow.start_run()`` there returns a run
+object for the job's run, which ``mlflow.active_run()`` then returns too, until ``mlflow.end_run()``. On rank 0
+the user's own ``mlflow.log_*`` calls keep working.
 
 MLflow's TensorFlow/Keras autologging is turned off on every rank while ``hvd_mlflow.autolog()`` is on: it
 logs each rank's local values, per epoch and at every validation, so every Keras metric would be there twice
@@ -22,9 +25,9 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
+from . import topology
 from ._log import warn_once
 
 FLUENT_WRITERS = (
@@ -33,9 +36,14 @@ FLUENT_WRITERS = (
     "set_experiment",
 )  # fmt: skip
 AUTOLOG_FLAVOURS = ("mlflow.tensorflow", "mlflow.keras")
+# MlflowClient methods that write (everything else reads): made no-ops on ranks other than 0.
+CLIENT_WRITE_PREFIXES = (
+    "log_", "set_", "create_", "delete_", "update_", "rename_", "restore_", "finalize_", "link_", "unlink_",
+    "transition_", "register_", "detach_", "add_", "remove_", "copy_", "refresh_", "end_", "start_",
+)  # fmt: skip
 
 _originals: list[tuple[object, str, Any]] = []
-_state: dict[str, int | None] = {"rank": None}
+_state: dict[str, Any] = {"rank": None, "active": None}  # active: the stubbed run start_run() returned
 
 
 def _patch(owner: object, name: str, replacement: Callable[..., Any]) -> None:
@@ -48,35 +56,53 @@ def _patch(owner: object, name: str, replacement: Callable[..., Any]) -> None:
     setattr(owner, name, replacement)
 
 
-def _silenced(name: str, rank: int) -> Callable[..., Any]:
-    def noop(*args: Any, **kwargs: Any) -> None:
-        warn_once(
-            f"guard:{name}",
-            "hvd-mlflow: mlflow.%s() on rank %d does nothing: only rank 0 writes to MLflow (every rank shares the "
-            "job's run, so other ranks would add duplicate points). Pass autolog(guard_other_ranks=False) to allow it.",
-            name,
-            rank,
-        )
-
-    return noop
+def _writes_here() -> bool:
+    """Whether this process is rank 0 now: asked at each call, since an elastic reset can make rank 1 rank 0."""
+    return topology.current().rank == 0
 
 
-class _NoRun:
-    """What ``mlflow.start_run()`` returns on ranks other than 0: a context manager that logs nothing."""
+def _warn(name: str) -> None:
+    rank = topology.current().rank
+    warn_once(
+        f"guard:{name}",
+        "hvd-mlflow: mlflow.%s() on rank %d does nothing: only rank 0 writes to MLflow (every rank shares the "
+        "job's run, so other ranks would add duplicate points). Pass autolog(guard_other_ranks=False) to allow it.",
+        name,
+        rank,
+    )
 
-    def __init__(self, run_id: str | None) -> None:
-        self.info = SimpleNamespace(run_id=run_id, status="RUNNING")
-        self.data = SimpleNamespace(metrics={}, params={}, tags={})
 
-    def __enter__(self) -> _NoRun:
-        return self
+def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: Callable[..., Any] = lambda: None):
+    """``original`` on rank 0; on other ranks one warning, and ``elsewhere()`` as the result."""
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if _writes_here():
+            return original(*args, **kwargs)
+        _warn(name)
+        return elsewhere()
+
+    return call
+
+
+def _job_run(run_id: str | None) -> Any:
+    """What ``mlflow.start_run()`` returns on ranks other than 0: a real ``mlflow.ActiveRun`` of the job's run
+    (its ``info.run_id``, empty data), that logs nothing and that ``mlflow.active_run()`` returns until it ends."""
+    from mlflow import ActiveRun
+    from mlflow.entities import LifecycleStage, Run, RunData, RunInfo, RunStatus
+
+    class JobRun(ActiveRun):
+        def __exit__(self, *exc: object) -> bool:
+            _state["active"] = None
+            return False
+
+    info = RunInfo(run_id=run_id or "", experiment_id="", user_id="", status=RunStatus.to_string(RunStatus.RUNNING),
+                   start_time=0, end_time=None, lifecycle_stage=LifecycleStage.ACTIVE)  # fmt: skip
+    return JobRun(Run(info, RunData()))
 
 
 def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
-    """Guard MLflow in this process (once; :func:`uninstall` undoes it)."""
+    """Guard MLflow in this process (once; :func:`uninstall` undoes it). Every wrapper asks the rank at call
+    time; ``rank`` is the rank now, for the record."""
     import mlflow
     from mlflow.tracking import fluent
     from mlflow.utils.import_hooks import register_post_import_hook
@@ -84,45 +110,69 @@ def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
     if _state["rank"] is not None:
         return
     _state["rank"] = rank
-    if rank != 0:
+    for owner in (mlflow, fluent):
         for name in FLUENT_WRITERS:
-            for owner in (mlflow, fluent):
-                _patch(owner, name, _silenced(name, rank))
-        for owner in (mlflow, fluent):
-            _patch(owner, "start_run", _no_run(rank, run_id))
-        _patch(mlflow, "autolog", _silenced("autolog", rank))
-    elif job_mode and run_id:
-        _keep_job_run_id(run_id)
+            if hasattr(owner, name):
+                _patch(owner, name, _rank_zero_only(name, getattr(owner, name)))
+        _patch(owner, "start_run", _start_run(owner.start_run, run_id, job_mode))
+        _patch(owner, "active_run", _active_run(owner.active_run))
+        _patch(owner, "end_run", _end_run(owner.end_run))
+    _patch(mlflow, "autolog", _rank_zero_only("autolog", mlflow.autolog))
+    _guard_client(run_id)
     for module_name in AUTOLOG_FLAVOURS:
         register_post_import_hook(_guard_flavour_autolog, module_name, overwrite=False)
         if module_name in sys.modules:
             _guard_flavour_autolog(sys.modules[module_name])
 
 
-def _no_run(rank: int, run_id: str | None) -> Callable[..., _NoRun]:
-    warn = _silenced("start_run", rank)
-
-    def start_run(*args: Any, **kwargs: Any) -> _NoRun:
-        warn()
-        return _NoRun(run_id)
+def _start_run(original: Callable[..., Any], run_id: str | None, job_mode: bool) -> Callable[..., Any]:
+    def start_run(*args: Any, **kwargs: Any) -> Any:
+        if not _writes_here():
+            _warn("start_run")
+            _state["active"] = _job_run(kwargs.get("run_id") or run_id)
+            return _state["active"]
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if job_mode and run_id:  # MLflow's start_run() deleted it: the next call must find the job's run
+                os.environ.setdefault("MLFLOW_RUN_ID", run_id)
 
     return start_run
 
 
-def _keep_job_run_id(run_id: str) -> None:
-    import mlflow
-    from mlflow.tracking import fluent
+def _active_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    def active_run() -> Any:
+        return original() if _writes_here() else _state["active"]
 
-    original = mlflow.start_run
+    return active_run
 
-    def start_run(*args: Any, **kwargs: Any) -> Any:
-        try:
+
+def _end_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    def end_run(*args: Any, **kwargs: Any) -> Any:
+        if _writes_here():
             return original(*args, **kwargs)
-        finally:
-            os.environ.setdefault("MLFLOW_RUN_ID", run_id)
+        _state["active"] = None
+        return None
 
-    for owner in (mlflow, fluent):
-        _patch(owner, "start_run", start_run)
+    return end_run
+
+
+def _guard_client(run_id: str | None) -> None:
+    """Every write method of ``MlflowClient``, and ``Model.log`` (every flavour's ``log_model``): rank 0 only."""
+    from mlflow import MlflowClient
+    from mlflow.models import Model
+
+    for name in dir(MlflowClient):
+        original = getattr(MlflowClient, name)
+        if name.startswith(CLIENT_WRITE_PREFIXES) and callable(original):
+            result = (lambda: _job_run(run_id)) if name == "create_run" else (lambda: None)
+            _patch(MlflowClient, name, _rank_zero_only(f"MlflowClient.{name}", original, result))
+    raw = Model.__dict__.get("log")
+    if raw is not None and not getattr(raw, "_hvd_mlflow_guard", False):
+        _originals.append((Model, "log", raw))  # the classmethod itself, so that uninstall() restores it as one
+        replacement = classmethod(_rank_zero_only("<flavour>.log_model", raw.__func__))
+        replacement._hvd_mlflow_guard = True  # type: ignore[attr-defined]
+        Model.log = replacement  # type: ignore[method-assign]
 
 
 def _guard_flavour_autolog(module: Any) -> None:
@@ -163,3 +213,4 @@ def uninstall() -> None:
         owner, name, original = _originals.pop()
         setattr(owner, name, original)
     _state["rank"] = None
+    _state["active"] = None

@@ -1,14 +1,24 @@
-"""The durable record, on rank 0's disk, of what was measured and what the tracking server acknowledged.
+"""The record, on rank 0, of what was measured and what the tracking server acknowledged.
 
-One SQLite file per ``fit`` (standard library ``sqlite3``, WAL mode, ``synchronous=FULL``): each epoch's
-global values are committed in one transaction before the epoch counts as logged, so a crash, a SIGKILL or a
-tracking outage loses nothing. The sender marks entries acknowledged once the server accepted them;
-``hvd-mlflow sync`` uploads what is left. Files are created readable by their owner only, and hold no
-secret: the tracking URI is stored with its credentials masked.
+:class:`FileJournal` is one SQLite file per ``fit`` (standard library ``sqlite3``, WAL mode,
+``synchronous=FULL``): each epoch's global values are committed in one transaction before the epoch counts as
+logged, so a crash, a SIGKILL or a tracking outage loses nothing. The sender marks entries acknowledged once the
+server accepted them; ``hvd-mlflow sync`` uploads what is left. Files are created readable by their owner only,
+and hold no secret: the tracking URI is stored with its credentials masked. While a process may still send from
+a journal it holds an OS lock on it (``flock`` on ``<journal>.lock``, released by the kernel when the process
+dies, and honoured across hosts on NFS), so ``sync``, from any host sharing the directory, never uploads beside
+a live sender.
+
+:class:`MemoryJournal` is the same record in this process's memory, bounded: used when no journal file can be
+written. :class:`LiveJournal` is what rank 0's training thread and its sender share: it starts on a file and
+moves to memory, with one warning, the first time the file cannot be written (disk full, read-only directory, a
+filesystem where SQLite cannot work), so a journal problem never reaches the training.
+
+:class:`JournalMeta` is the journal's typed description (the run, where it goes, the training's outcome).
 
 Example::
 
-    journal = Journal.create(Path(".hvd_mlflow/journal"), {"tracking_uri": "http://127.0.0.1:5000"})
+    journal = FileJournal.create(Path(".hvd_mlflow/journal"), JournalMeta.new(tracking_uri="http://127.0.0.1:5000"))
     journal.append("metrics", {"loss": 0.25}, step=0, timestamp_ms=1730000000000)
     for entry in journal.pending():
         ...
@@ -17,18 +27,33 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import errno
+import fcntl
 import json
 import os
+import socket
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from . import config
+from ._log import logger
 
 SUFFIX = ".journal.sqlite"
+LOCK_SUFFIX = ".lock"
 PENDING, DELIVERED, REJECTED = 0, 1, 2
+# What a journal file can fail with: every SQLite error (full disk, read-only file, no locking on a network
+# mount, a corrupt file) and the OS errors around it.
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+# A journal kept in memory holds at most this many unsent metric values (about 100 bytes each); past it the
+# oldest unsent epochs are dropped, and counted.
+MEMORY_MAX_POINTS = 200_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -53,9 +78,91 @@ class Entry:
     payload: dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class JournalMeta:
+    """What a journal is for: where its entries go, and what became of the run.
+
+    Stored as one row per field in the journal's ``meta`` table (booleans as ``"1"``/``"0"``, ``run_tags`` as
+    JSON); :meth:`to_rows` and :meth:`from_rows` are the only code that knows that layout.
+    """
+
+    journal_id: str = ""
+    created: float = 0.0
+    tracking_uri: str = ""  # credentials masked
+    tracking_uri_has_credentials: bool = False  # then ``sync`` needs the URI again (MLFLOW_TRACKING_URI)
+    run_id: str | None = None
+    experiment_id: str | None = None
+    experiment_name: str | None = None
+    job_mode: bool = False  # an AzureML job: never create nor end the run
+    resume: str = "skip"
+    elastic: bool = False
+    created_run: bool = False  # hvd-mlflow created the run, so it ends it with the training's outcome
+    create_attempted: bool = False  # a create_run was sent: look for its run before creating another
+    run_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # tags of a run created from here
+    pid: int | None = None  # the writer, for journals on filesystems without locks
+    host: str | None = None
+    final_status: str | None = None  # FINISHED / FAILED / KILLED once the training's outcome is known
+    ended: bool = False  # the run was ended (or, not ours, left as it is) after everything was delivered
+
+    @classmethod
+    def new(cls, **fields: Any) -> JournalMeta:
+        """A description for a new journal: a fresh id, now, this process."""
+        defaults = {"journal_id": uuid.uuid4().hex, "created": time.time(), "pid": os.getpid(),
+                    "host": socket.gethostname()}  # fmt: skip
+        return cls(**{**defaults, **fields})
+
+    def to_rows(self) -> dict[str, str | None]:
+        rows: dict[str, str | None] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool):
+                rows[field.name] = "1" if value else "0"
+            elif isinstance(value, Mapping):
+                rows[field.name] = json.dumps(dict(value))
+            else:
+                rows[field.name] = None if value is None else str(value)
+        return rows
+
+    @classmethod
+    def from_rows(cls, rows: Mapping[str, str | None]) -> JournalMeta:
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = rows.get(field.name)
+            if raw is None:
+                continue
+            kind = str(field.type)
+            if kind == "bool":
+                values[field.name] = raw == "1"
+            elif kind == "float":
+                values[field.name] = float(raw)
+            elif kind.startswith("int"):
+                values[field.name] = int(raw)
+            elif kind.startswith("Mapping"):
+                values[field.name] = json.loads(raw or "{}")
+            else:
+                values[field.name] = raw
+        return cls(**values)
+
+
+class Journal(Protocol):
+    """What the uploader needs of a journal (file or memory)."""
+
+    @property
+    def location(self) -> str: ...
+    def meta(self) -> JournalMeta: ...
+    def update_meta(self, **changes: Any) -> JournalMeta: ...
+    def append(
+        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+    ) -> int: ...
+    def pending(self, limit: int = 1000) -> list[Entry]: ...
+    def count(self, state: int = PENDING) -> int: ...
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None: ...
+    def close(self) -> None: ...
+
+
 def default_directory() -> Path:
     """``$HVD_MLFLOW_JOURNAL_DIR``, else ``.hvd_mlflow/journal`` under the working directory."""
-    return Path(os.environ.get("HVD_MLFLOW_JOURNAL_DIR") or Path(".hvd_mlflow") / "journal")
+    return Path(config.environment_value("journal_dir") or Path(".hvd_mlflow") / "journal")
 
 
 def find(directory: Path | None = None) -> list[Path]:
@@ -64,67 +171,91 @@ def find(directory: Path | None = None) -> list[Path]:
     return sorted(directory.glob("*" + SUFFIX)) if directory.is_dir() else []
 
 
-class Journal:
-    """One training's journal. Each thread uses its own instance (SQLite connections are per thread)."""
+class FileJournal:
+    """One training's journal file. One connection, used from any thread; :class:`LiveJournal` serialises."""
 
-    def __init__(self, path: Path | str, connection: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
         self.path = path
         self._db = connection
+        self._lock_fd: int | None = None
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
 
     # -- opening ---------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, directory: Path, meta: Mapping[str, str | None]) -> Journal:
-        """A new journal file in ``directory`` (made owner-only), holding ``meta``."""
+    def create(cls, directory: Path, meta: JournalMeta) -> FileJournal:
+        """A new journal file in ``directory`` (made owner-only), holding ``meta``, locked by this process."""
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = directory / f"{stamp}-{uuid.uuid4().hex[:8]}{SUFFIX}"
         os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        journal = cls.open(path)
-        journal.set_meta({"journal_id": uuid.uuid4().hex, "created": str(time.time()), **meta})
+        journal: FileJournal | None = None
+        try:
+            journal = cls.open(path)
+            journal._hold_writer_lock()
+            journal._write_meta(meta)
+        except BaseException:
+            if journal is not None:
+                journal.close()
+            for leftover in _companions(path):
+                leftover.unlink(missing_ok=True)
+            raise
         return journal
 
     @classmethod
-    def in_memory(cls, meta: Mapping[str, str | None]) -> Journal:
-        """A journal that lives only as long as this process (when no file can be written)."""
-        name = f"file:hvd_mlflow_{uuid.uuid4().hex}?mode=memory&cache=shared"
-        journal = cls._connect(name, uri=True)
-        journal.set_meta({"journal_id": uuid.uuid4().hex, "created": str(time.time()), **meta})
-        return journal
-
-    @classmethod
-    def open(cls, path: Path | str) -> Journal:
-        """Another handle on an existing journal (for another thread, or for ``sync``)."""
-        return cls._connect(str(path), uri=str(path).startswith("file:"))
-
-    @classmethod
-    def _connect(cls, name: str, uri: bool) -> Journal:
-        db = sqlite3.connect(name, timeout=60, isolation_level=None, uri=uri, check_same_thread=False)
-        if not uri:
+    def open(cls, path: Path | str) -> FileJournal:
+        """An existing journal (for ``sync``)."""
+        db = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+        try:
             db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.executescript(_SCHEMA)
-        return cls(Path(name) if not uri else name, db)
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return cls(Path(path), db)
 
-    def reopen(self) -> Journal:
-        return Journal.open(self.path)
+    # -- liveness --------------------------------------------------------------------------------------
+    def _hold_writer_lock(self) -> bool:
+        """Take the writer lock; False when another process holds it. On a filesystem without locks there is
+        nothing to take: True, and ``sync`` judges by the writer's pid on the same host instead."""
+        fd = os.open(str(self.path) + LOCK_SUFFIX, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            os.close(fd)
+            return error.errno not in _BUSY
+        self._lock_fd = fd
+        return True
 
-    @property
-    def is_file(self) -> bool:
-        return isinstance(self.path, Path)
+    def take_over(self) -> bool:
+        """Become the journal's writer (for ``sync``): False while another process, on any host sharing the
+        directory, may still send from it."""
+        if writer_state(self.path) == "unknown":  # no lock file (an older writer) or no locks here
+            meta = self.meta()
+            if meta.host == socket.gethostname() and meta.pid and _pid_alive(meta.pid):
+                return False
+        return self._hold_writer_lock()
 
-    def close(self) -> None:
-        self._db.close()
+    def release_writer_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     # -- meta ------------------------------------------------------------------------------------------
-    def set_meta(self, values: Mapping[str, str | None]) -> None:
+    def _write_meta(self, meta: JournalMeta) -> None:
         with self._db:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
-                [(k, v) for k, v in values.items()],
-            )
+            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.to_rows().items())
 
-    def meta(self) -> dict[str, str | None]:
-        return dict(self._db.execute("SELECT key, value FROM meta"))
+    def meta(self) -> JournalMeta:
+        return JournalMeta.from_rows(dict(self._db.execute("SELECT key, value FROM meta")))
+
+    def update_meta(self, **changes: Any) -> JournalMeta:
+        meta = dataclasses.replace(self.meta(), **changes)
+        self._write_meta(meta)
+        return meta
 
     # -- entries ---------------------------------------------------------------------------------------
     def append(
@@ -153,9 +284,244 @@ class Journal:
         with self._db:
             self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", [(state, s) for s in seqs])
 
+    def close(self) -> None:
+        self._db.close()
+        self.release_writer_lock()
+
     def delete(self) -> None:
-        """Remove a fully delivered journal file (and its WAL companions)."""
+        """Remove a fully delivered journal file (and its WAL companions and lock)."""
         self.close()
-        if self.is_file:
-            for suffix in ("", "-wal", "-shm"):
-                Path(str(self.path) + suffix).unlink(missing_ok=True)
+        for path in _companions(self.path):
+            path.unlink(missing_ok=True)
+
+
+class MemoryJournal:
+    """A journal in this process's memory: thread-safe, bounded to :data:`MEMORY_MAX_POINTS` unsent values."""
+
+    def __init__(self, meta: JournalMeta, max_points: int = MEMORY_MAX_POINTS) -> None:
+        self._meta = meta
+        self._max_points = max_points
+        self._lock = threading.RLock()
+        self._entries: collections.OrderedDict[int, tuple[Entry, int]] = collections.OrderedDict()  # pending
+        self._counts = {DELIVERED: 0, REJECTED: 0}
+        self._points = 0
+        self._next = 1
+        self.dropped_points = 0
+
+    location = "memory"
+
+    @classmethod
+    def taking_over(cls, journal: FileJournal, meta: JournalMeta) -> MemoryJournal:
+        """A memory journal that continues ``journal``: its meta, and its pending entries when they can be read
+        (their sequence numbers are kept, so an acknowledgement of either copy means the same entry);
+        ``took_all`` says whether they could."""
+        memory = cls(meta)
+        try:
+            entries = journal.pending(limit=10**9)
+        except STORAGE_ERRORS:
+            return memory  # they stay in the file, for ``hvd-mlflow sync``
+        for entry in entries:
+            memory._add(entry)
+        memory.took_all = True
+        return memory
+
+    took_all = False
+
+    def meta(self) -> JournalMeta:
+        return self._meta
+
+    def update_meta(self, **changes: Any) -> JournalMeta:
+        with self._lock:
+            self._meta = dataclasses.replace(self._meta, **changes)
+            return self._meta
+
+    def append(
+        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+    ) -> int:
+        with self._lock:
+            return self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
+
+    def _add(self, entry: Entry) -> int:
+        size = len(entry.payload) if entry.kind == "metrics" else 0
+        with self._lock:
+            self._entries[entry.seq] = (entry, size)
+            self._points += size
+            self._next = max(self._next, entry.seq + 1)
+            while self._points > self._max_points:
+                oldest = next((s for s, (e, n) in self._entries.items() if n), None)
+                if oldest is None:
+                    break
+                _, n = self._entries.pop(oldest)
+                self._points -= n
+                self.dropped_points += n
+        return entry.seq
+
+    def pending(self, limit: int = 1000) -> list[Entry]:
+        with self._lock:
+            return [entry for entry, _ in list(self._entries.values())[:limit]]
+
+    def count(self, state: int = PENDING) -> int:
+        with self._lock:
+            return len(self._entries) if state == PENDING else self._counts.get(state, 0)
+
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
+        with self._lock:
+            for seq in seqs:
+                found = self._entries.pop(seq, None)
+                if found is not None:
+                    self._points -= found[1]
+                    self._counts[state] = self._counts.get(state, 0) + 1
+
+    def close(self) -> None:
+        return None
+
+
+class LiveJournal:
+    """Rank 0's journal while it trains, shared by the training thread and the sender thread.
+
+    It starts on a :class:`FileJournal` (or in memory when none could be created) and serialises every call.
+    The first time the file cannot be written, from either thread, it continues in a :class:`MemoryJournal`
+    that takes over the file's pending entries, with one warning; the call that failed is done there. What the
+    memory journal cannot do raises (rank 0's guard then turns logging off for the fit).
+    """
+
+    def __init__(self, journal: FileJournal | MemoryJournal) -> None:
+        self._current: FileJournal | MemoryJournal = journal
+        self._lock = threading.RLock()
+        self.file: FileJournal | None = journal if isinstance(journal, FileJournal) else None
+        self.fallback_reason: str | None = None
+        self._last_meta = JournalMeta()
+
+    @classmethod
+    def open_new(cls, directory: Path, meta: JournalMeta) -> LiveJournal:
+        """A journal file in ``directory``; in memory (with one warning) when none can be created there."""
+        try:
+            return cls(FileJournal.create(directory, meta))
+        except STORAGE_ERRORS as error:
+            logger.warning(
+                "hvd-mlflow: cannot keep a journal in %s (%s: %s); keeping it in memory (at most %d unsent values), "
+                "so what is not delivered when this process ends is lost. Set HVD_MLFLOW_JOURNAL_DIR to a writable "
+                "local folder.",
+                directory,
+                type(error).__name__,
+                error,
+                MEMORY_MAX_POINTS,
+            )
+            live = cls(MemoryJournal(meta))
+            live.fallback_reason = f"{type(error).__name__}: {error}"
+            return live
+
+    @property
+    def in_memory(self) -> bool:
+        return isinstance(self._current, MemoryJournal)
+
+    @property
+    def location(self) -> str:
+        return self._current.location
+
+    @property
+    def dropped_points(self) -> int:
+        current = self._current
+        return current.dropped_points if isinstance(current, MemoryJournal) else 0
+
+    def _write(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            try:
+                return getattr(self._current, method)(*args, **kwargs)
+            except STORAGE_ERRORS as error:
+                if not isinstance(self._current, FileJournal):
+                    raise
+                self._fall_back(error)
+                return getattr(self._current, method)(*args, **kwargs)
+
+    def _fall_back(self, error: BaseException) -> None:
+        file = self._current
+        assert isinstance(file, FileJournal)
+        try:
+            meta = file.meta()
+        except STORAGE_ERRORS:
+            meta = self._last_meta
+        self._current = MemoryJournal.taking_over(file, meta)
+        self.fallback_reason = f"{type(error).__name__}: {error}"
+        logger.warning(
+            "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
+            "(at most %d unsent values; what is not delivered when this process ends is lost). Training goes on.",
+            file.path,
+            type(error).__name__,
+            error,
+            MEMORY_MAX_POINTS,
+        )
+
+    def meta(self) -> JournalMeta:
+        with self._lock:
+            meta = self._current.meta()
+            self._last_meta = meta
+            return meta
+
+    def update_meta(self, **changes: Any) -> JournalMeta:
+        meta = self._write("update_meta", **changes)
+        self._last_meta = meta
+        return meta
+
+    def append(
+        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+    ) -> int:
+        return self._write("append", kind, payload, step=step, timestamp_ms=timestamp_ms)
+
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
+        self._write("acknowledge", list(seqs), state=state)
+
+    def pending(self, limit: int = 1000) -> list[Entry]:
+        with self._lock:
+            return self._current.pending(limit)
+
+    def count(self, state: int = PENDING) -> int:
+        with self._lock:
+            return self._current.count(state)
+
+    def release(self, delete: bool = False) -> None:
+        """Close the file, which releases its writer lock (``sync`` may take over); ``delete``: remove it, when
+        everything it held was delivered."""
+        with self._lock:
+            if self.file is None:
+                return
+            current = self._current
+            if delete and (current is self.file or (isinstance(current, MemoryJournal) and current.took_all)):
+                self.file.delete()
+            else:
+                self.file.close()
+            self.file = None
+
+
+_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+
+
+def writer_state(path: Path) -> str:
+    """``"alive"`` when a process (on any host sharing the directory) holds ``path``'s writer lock, ``"gone"``
+    when none does, ``"unknown"`` when the filesystem cannot tell (no lock file, or no locks)."""
+    lock = Path(str(path) + LOCK_SUFFIX)
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        return "unknown"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        return "alive" if error.errno in _BUSY else "unknown"
+    finally:
+        os.close(fd)
+    return "gone"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
+
+
+def _companions(path: Path) -> list[Path]:
+    return [Path(str(path) + suffix) for suffix in ("", "-wal", "-shm", LOCK_SUFFIX)]

@@ -70,3 +70,29 @@ def importable() -> list[str]:
             continue
         found.append(flavour)
     return found
+
+
+def is_keras3(flavour: str) -> bool:
+    return flavour == "keras" and version(flavour).split(".", 1)[0] == "3"
+
+
+def batch_index_is_first(flavour: str) -> bool:
+    """Whether ``on_train_batch_end(batch)`` gets the index of the first batch of an execution (Keras 3, when the
+    epoch's length is known), not of the last one (tf_keras, Keras 2): it differs with ``steps_per_execution``."""
+    return is_keras3(flavour)
+
+
+def steps_per_execution(model: object) -> int:
+    """How many batches Keras runs between two calls of the batch hooks (``compile(steps_per_execution=...)``)."""
+    value = getattr(model, "steps_per_execution", None)  # Keras 3: an int
+    if value is None:
+        value = getattr(model, "_steps_per_execution", None)  # tf_keras / Keras 2: a variable
+    try:
+        return max(1, int(value.numpy() if hasattr(value, "numpy") else value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def csv_logger(flavour: str, path: str, append: bool) -> object:
+    """Keras' own ``CSVLogger`` of ``flavour``."""
+    return _module(flavour).callbacks.CSVLogger(path, append=append)

@@ -12,12 +12,9 @@ import re
 from collections.abc import Iterable
 
 from ._log import warn_once
+from .errors import MetricNameCollisionError
 
 _BAD = re.compile(r"[^/\w.\- :]")
-
-
-class MetricNameCollisionError(ValueError):
-    """Two logged names become the same once made acceptable to the tracking server."""
 
 
 def clean(name: str, max_length: int = 250) -> str:
@@ -29,13 +26,23 @@ def clean(name: str, max_length: int = 250) -> str:
 
 
 class NameMap:
-    """Original name -> server name, computed once per set of names."""
+    """Original name -> server name, computed once per set of names.
 
-    def __init__(self, max_length: int = 250, what: str = "metric", warn: bool = True) -> None:
+    Names that collide once cleaned raise :class:`MetricNameCollisionError` (metric names: computed on every
+    rank, so every rank raises at the same point), or, with ``raise_on_collision=False`` (param names, which rank
+    0 alone computes), are left out of the mapping and listed in :attr:`collided` for the caller to keep
+    elsewhere.
+    """
+
+    def __init__(
+        self, max_length: int = 250, what: str = "metric", warn: bool = True, raise_on_collision: bool = True
+    ) -> None:
         self._max_length = max_length
         self._what = what
         self._warn = warn
+        self._raise = raise_on_collision
         self._cache: dict[tuple[str, ...], dict[str, str]] = {}
+        self.collided: set[str] = set()
 
     def __call__(self, names: Iterable[str]) -> dict[str, str]:
         key = tuple(names)
@@ -51,10 +58,15 @@ class NameMap:
         collisions = {c: o for c, o in by_clean.items() if len(o) > 1}
         if collisions:
             detail = "; ".join(f"{', '.join(map(repr, o))} -> {c!r}" for c, o in collisions.items())
-            raise MetricNameCollisionError(
+            message = (
                 f"hvd-mlflow: these {self._what} names are not accepted by MLflow/AzureML and become the "
                 f"same name once cleaned, so their values would be merged: {detail}. Rename them."
             )
+            if self._raise:
+                raise MetricNameCollisionError(message)
+            collided = {o for originals in collisions.values() for o in originals}
+            self.collided |= collided
+            mapping = {k: v for k, v in mapping.items() if k not in collided}
         for original, cleaned in mapping.items():
             if cleaned != original and self._warn:
                 warn_once(

@@ -1,22 +1,22 @@
 """Rank 0's side of one ``fit``: journal every entry, let the sender upload it.
 
-Params and tags are truncated to the server's limits with a warning; param and metric names are already
-clean (see :mod:`hvd_mlflow.names`) when they get here.
+Params and tags are cut to the server's limits with a warning; metric names are already clean (see
+:mod:`hvd_mlflow.names`) when they get here. Params whose names collide once cleaned are not an error here (rank
+0 alone sees them, and raising would stop rank 0 alone): they are kept, with their own names, in the params
+artifact, with a warning.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from . import batching, limits
 from ._log import logger, warn_once
 from .destination import Destination
-from .journal import Journal
+from .journal import JournalMeta, LiveJournal
 from .names import NameMap
 from .redact import mask_uri, redact
 from .sender import Sender
@@ -28,9 +28,10 @@ class RunLogger:
     Example::
 
         run_logger = RunLogger(destination.resolve(None), journal_dir=Path(".hvd_mlflow/journal"))
+        run_logger.start()
         run_logger.log_params({"epochs": "10"})
         run_logger.log_metrics(step=0, values={"loss": 0.7})
-        run_logger.close("FINISHED", timeout=60)
+        run_logger.close("FINISHED", deadline=time.monotonic() + 60)
     """
 
     def __init__(
@@ -43,59 +44,63 @@ class RunLogger:
         elastic: bool = False,
     ):
         self.limits = limits.for_tracking_uri(dest.tracking_uri)
-        self._param_names = NameMap(self.limits.name_length, what="param")
-        meta = {
-            "tracking_uri": mask_uri(dest.tracking_uri),
-            "tracking_uri_has_credentials": "1" if mask_uri(dest.tracking_uri) != dest.tracking_uri else "0",
-            "run_id": dest.run_id,
-            "experiment_id": dest.experiment_id,
-            "experiment_name": dest.experiment_name,
-            "job_mode": "1" if dest.job_mode else "0",
-            "resume": resume,
-            "elastic": "1" if elastic else "0",
-            # a run hvd-mlflow created in another process (elastic): this one ends it
-            **({"created_run": "1"} if owns_run and dest.run_id else {}),
-            "run_tags": json.dumps(_context_tags()),
-            "pid": str(os.getpid()),
-            "host": socket.gethostname(),
-        }
-        try:
-            self.journal = Journal.create(journal_dir, meta)
-        except OSError as error:
-            logger.warning(
-                "hvd-mlflow: cannot write a journal in %s (%s); keeping it in memory, so what is not "
-                "delivered when this process ends is lost. Set HVD_MLFLOW_JOURNAL_DIR to a writable folder.",
-                journal_dir,
-                error,
-            )
-            self.journal = Journal.in_memory(meta)
+        self._param_names = NameMap(self.limits.name_length, what="param", raise_on_collision=False)
+        meta = JournalMeta.new(
+            tracking_uri=mask_uri(dest.tracking_uri),
+            tracking_uri_has_credentials=mask_uri(dest.tracking_uri) != dest.tracking_uri,
+            run_id=dest.run_id,
+            experiment_id=dest.experiment_id,
+            experiment_name=dest.experiment_name,
+            job_mode=dest.job_mode,
+            resume=resume,
+            elastic=elastic,
+            created_run=bool(owns_run and dest.run_id),  # a run hvd-mlflow created in another process (elastic)
+            run_tags=_context_tags(),
+        )
+        self.journal = LiveJournal.open_new(journal_dir, meta)
         self.sender = Sender(self.journal, dest.tracking_uri, self.limits)
         if run_tags:
             self.log_tags(run_tags)
+
+    def start(self) -> None:
         self.sender.start()
 
     def log_params(self, params: Mapping[str, object]) -> None:
-        """Log ``params``; over the server's params-per-run limit (AzureML: 200), the rest go to a JSON artifact
-        ``hvd_mlflow/params-<journal id>.json`` with a warning."""
+        """Log ``params``; over the server's params-per-run limit (AzureML: 200), and for names that collide once
+        cleaned, the rest go to a JSON artifact ``hvd_mlflow/params-<journal id>.json`` with a warning."""
         names = self._param_names(params)
-        clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()}
+        clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()
+                 if k in names}  # fmt: skip
+        over = {k: str(v) for k, v in params.items() if k not in names}
+        if over:
+            warn_once(
+                "param-collision:" + ",".join(sorted(over)),
+                "hvd-mlflow: param names %s become the same name once cleaned for MLflow/AzureML; they are logged "
+                "with their own names in the artifact %s instead. Rename them to log them as params.",
+                ", ".join(map(repr, sorted(over))),
+                self._params_artifact(),
+            )
         items = list(clean.items())
         limit = self.limits.params_per_run
         if limit is not None and len(items) > limit:
-            items, over = items[:limit], dict(items[limit:])
-            path = f"hvd_mlflow/params-{self.journal.meta()['journal_id'][:12]}.json"
+            items, beyond = items[:limit], dict(items[limit:])
             logger.warning(
                 "hvd-mlflow: this server keeps at most %d params per run; %d more (%s, ...) are logged in the "
                 "artifact %s instead",
                 limit,
-                len(over),
-                ", ".join(list(over)[:3]),
-                path,
+                len(beyond),
+                ", ".join(list(beyond)[:3]),
+                self._params_artifact(),
             )
-            self.journal.append("artifact", {"path": path, "content": over})
+            over.update(beyond)
+        if over:
+            self.journal.append("artifact", {"path": self._params_artifact(), "content": over})
         for part in batching.chunks(items, self.limits.params_tags_per_request):
             self.journal.append("params", dict(part))
         self.sender.notify()
+
+    def _params_artifact(self) -> str:
+        return f"hvd_mlflow/params-{self.journal.meta().journal_id[:12]}.json"
 
     def log_tags(self, tags: Mapping[str, str]) -> None:
         clean = {k: self._fit(f"tag {k!r}", str(v), self.limits.tag_value_length) for k, v in tags.items()}
@@ -111,8 +116,17 @@ class RunLogger:
     def wait_for_run(self, timeout: float) -> str | None:
         return self.sender.wait_for_run(timeout)
 
-    def close(self, status: str | None, timeout: float) -> bool:
-        return self.sender.close(status, timeout)
+    @property
+    def server_down(self) -> bool:
+        return self.sender.server_down()
+
+    def close(self, status: str | None, deadline: float) -> bool:
+        """Record the outcome (``None``: leave the run open), deliver until ``deadline``; True if all was."""
+        return self.sender.close(status, deadline)
+
+    def stop(self, wait: float = 0.0) -> None:
+        """Stop sending at once (an elastic reset, logging turned off); what is unsent stays in the journal."""
+        self.sender.stop(wait)
 
     @staticmethod
     def _fit(what: str, value: str, limit: int) -> str:
@@ -129,7 +143,7 @@ class RunLogger:
         return value
 
 
-def _context_tags() -> dict[str, str]:
+def _context_tags() -> dict[str, Any]:
     """The tags MLflow's own ``start_run`` would add (source, user, git commit), for a run we create."""
     try:
         from mlflow.tracking.context import registry

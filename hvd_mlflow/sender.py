@@ -5,8 +5,12 @@ never waits on the network. The sender thread uploads with :class:`~hvd_mlflow.d
 failed upload it backs off (1, 2, 4 ... up to 60 s); after three failures in a row the circuit opens: a
 warning says so, and the server is only probed every ``max_backoff`` seconds while the journal keeps
 everything. The first upload that works closes the circuit and drains the backlog in large requests.
-At the end of ``fit``, :meth:`Sender.close` waits a bounded time; what is left stays in the journal, and a
-warning gives the ``hvd-mlflow sync`` command that uploads it.
+
+The thread always ends: :meth:`Sender.close` records the training's outcome and waits until a deadline (only a
+few seconds once the sender knows the server does not answer); past it the thread stops after the request in
+flight, what is left stays in the journal, and a warning gives the ``hvd-mlflow sync`` command that uploads it.
+:meth:`Sender.stop` (an elastic reset) stops it without waiting for delivery. When the thread ends it releases
+the journal's writer lock, so ``sync`` may take over.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import threading
 import time
 
 from ._log import logger
-from .delivery import Uploader, is_permanent
-from .journal import Journal
+from .delivery import Uploader, http_status, is_permanent
+from .journal import LiveJournal
 from .limits import Limits
 from .redact import mask_uri, redact
 
@@ -24,6 +28,10 @@ OPEN_AFTER_FAILURES = 3
 # At most about two uploads a second: epochs shorter than that are packed into one request instead of costing
 # rank 0 a request (and the CPU to build it) each. Longer epochs still go one request per epoch, at once.
 MIN_SEND_INTERVAL_S = 0.5
+# The server is known not to answer when the circuit is open, or when it has never answered this sender and
+# its request has been waiting this long. Then the end of ``fit`` waits only DOWN_GRACE_S more.
+UNANSWERED_S = 5.0
+DOWN_GRACE_S = 3.0
 
 
 class Backoff:
@@ -59,15 +67,15 @@ class Sender:
 
     Example::
 
-        journal = Journal.create(directory, meta)
+        journal = LiveJournal.open_new(directory, JournalMeta.new(tracking_uri="http://127.0.0.1:5000"))
         sender = Sender(journal, "http://127.0.0.1:5000", MLFLOW)
         sender.start()
         journal.append("metrics", {"loss": 0.3}, step=0, timestamp_ms=now_ms)
         sender.notify()
-        sender.close("FINISHED", timeout=60)
+        sender.close("FINISHED", deadline=time.monotonic() + 60)
     """
 
-    def __init__(self, journal: Journal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0) -> None:
+    def __init__(self, journal: LiveJournal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0) -> None:
         self.journal = journal
         self._tracking_uri = tracking_uri
         self._limits = limits
@@ -75,15 +83,24 @@ class Sender:
         self._cond = threading.Condition()
         self._wake = False
         self._closing = False
+        self._stopping = False
         self._run_opened = threading.Event()
         self._last_send = 0.0
-        self.run_id: str | None = journal.meta().get("run_id")
+        self._answered = False  # the server answered at least one request of this sender
+        self._request_since: float | None = None  # when the upload in flight began
+        self.run_id: str | None = journal.meta().run_id
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
 
     # -- training thread -------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        """Start the thread (once; later calls do nothing)."""
+        if self._thread.ident is None:
+            self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def notify(self) -> None:
         """New entries are in the journal."""
@@ -92,72 +109,128 @@ class Sender:
             self._cond.notify()
 
     def wait_for_run(self, timeout: float) -> str | None:
-        self._run_opened.wait(timeout)
+        self._run_opened.wait(max(0.0, timeout))
         return self.run_id
 
-    def close(self, status: str | None, timeout: float) -> bool:
-        """Record the training's outcome, wait up to ``timeout`` s for delivery; True if all was delivered."""
+    def server_down(self) -> bool:
+        """The sender's own evidence that the server does not answer: the circuit is open, or the server never
+        answered and the request in flight has waited :data:`UNANSWERED_S`."""
+        if self._backoff.is_open:
+            return True
+        since = self._request_since
+        return not self._answered and since is not None and time.monotonic() - since > UNANSWERED_S
+
+    def close(self, status: str | None, deadline: float) -> bool:
+        """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
+        ``deadline`` (``time.monotonic()``), or :data:`DOWN_GRACE_S` once the server is known down; then stop.
+        True if everything was delivered."""
         if status:
-            self.journal.set_meta({"final_status": status})
+            self.journal.update_meta(final_status=status)
+        else:  # leave the run as it is: nothing to end once delivered
+            self.journal.update_meta(ended=True)
         with self._cond:
             self._closing = True
             self._cond.notify()
-        self._thread.join(timeout)
-        if self._thread.is_alive() or not self.delivered_all:
-            left = self.journal.count()
-            where = self.journal.path if self.journal.is_file else None
-            logger.warning(
-                "hvd-mlflow: %d journal entr%s not delivered to %s within %.0f s. %s",
-                left,
-                "y was" if left == 1 else "ies were",
-                mask_uri(self._tracking_uri),
-                timeout,
-                f"They are kept in {where}; upload them with:  hvd-mlflow sync {where}"
-                if where
-                else "The journal was in memory only (no writable journal directory): they are lost.",
+        waited_down_since: float | None = None
+        while self._thread.is_alive():
+            now = time.monotonic()
+            if waited_down_since is None and self.server_down():
+                waited_down_since = now
+                deadline = min(deadline, now + DOWN_GRACE_S)
+            if now >= deadline:
+                break
+            self._thread.join(min(0.2, deadline - now))
+        if not self._thread.is_alive() and self.delivered_all:
+            return True
+        self.stop(wait=0)
+        self._warn_undelivered(status)
+        return False
+
+    def stop(self, wait: float = 0.0) -> None:
+        """Stop after the request in flight (if any), without delivering the rest; it stays in the journal."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(wait)
+        elif self._thread.ident is None:  # never started: nothing else will release the journal
+            self.journal.release()
+
+    def _warn_undelivered(self, status: str | None) -> None:
+        left = self.journal.count()
+        if self.journal.in_memory:
+            dropped = self.journal.dropped_points
+            where = "The journal was in memory only (no writable journal directory): they are lost" + (
+                f", as are {dropped} older values it could not hold." if dropped else "."
             )
-            return False
-        self.journal.delete()
-        return True
+        else:
+            where = (
+                f"They are kept in {self.journal.location}; upload them with:  hvd-mlflow sync {self.journal.location}"  # noqa: E501
+            )
+        logger.warning(
+            "hvd-mlflow: %d journal entr%s not delivered to %s%s. %s",
+            left,
+            "y was" if left == 1 else "ies were",
+            mask_uri(self._tracking_uri),
+            " (the server does not answer)" if self.server_down() else "",
+            where,
+        )
 
     # -- sender thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
-        from mlflow import MlflowClient
+        try:
+            from mlflow import MlflowClient
 
-        journal = self.journal.reopen()
-        uploader = Uploader(journal, MlflowClient(self._tracking_uri), self._limits)
-        while True:
-            with self._cond:
-                while not self._closing and not (self._wake and self._pause() == 0):
-                    self._cond.wait(self._pause() or None)
-                self._wake = False
-                closing = self._closing
-            self._last_send = time.monotonic()
-            try:
-                self.run_id = uploader.ensure_run()
-                self._run_opened.set()
-                while uploader.upload_some():
-                    pass
-                if self._backoff.succeeded():
-                    logger.warning("hvd-mlflow: the tracking server answers again; the backlog was sent")
-                if closing and uploader.finish():
+            client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
+            uploader = Uploader(self.journal, client, self._limits)
+            while self._deliver_once(uploader):
+                pass
+        except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training
+            logger.warning("hvd-mlflow: the sender stopped: %s: %s", type(error).__name__, redact(str(error))[:300])
+        finally:
+            self._request_since = None
+            self.journal.release(delete=self.delivered_all)
+
+    def _deliver_once(self, uploader: Uploader) -> bool:
+        """Wait for work, upload what is pending; False when the thread should end."""
+        with self._cond:
+            while not self._stopping and not ((self._wake or self._closing) and self._pause() == 0):
+                self._cond.wait(self._pause() or None)
+            if self._stopping:
+                return False
+            self._wake = False
+            closing = self._closing
+        self._last_send = time.monotonic()
+        self._request_since = time.monotonic()
+        try:
+            self.run_id = uploader.ensure_run()
+            self._run_opened.set()
+            settled = 0
+            while not self._stopping and (done := uploader.upload_some()):
+                settled += done
+            if self._backoff.succeeded():
+                logger.warning("hvd-mlflow: the tracking server answers again; the backlog was sent")
+            if closing and not self._stopping:
+                if uploader.finish():
                     self.delivered_all = True
-                    break
-            except Exception as error:  # noqa: BLE001 - the training must never see a tracking error
-                if is_permanent(error) and not uploader.run_id:
-                    logger.error("hvd-mlflow: cannot open the MLflow run: %s", redact(str(error))[:500])
-                    break
-                self._failed(error)
-                if closing:
-                    with self._cond:  # one more try when the backoff allows, until close() gives up
-                        self._cond.wait(self._backoff.wait_time())
-                else:
-                    self._wake = True
-        journal.close()
+                    return False
+                if not settled:  # nothing moved: do not spin
+                    with self._cond:
+                        self._cond.wait(MIN_SEND_INTERVAL_S)
+        except Exception as error:  # noqa: BLE001 - the training must never see a tracking error
+            if is_permanent(error) and not uploader.run_id:
+                logger.error("hvd-mlflow: cannot open the MLflow run: %s", redact(str(error))[:500])
+                return False
+            self._failed(error)
+            self._wake = True  # try again when the backoff allows
+        finally:
+            self._request_since = None
+        return True
 
     def _pause(self) -> float:
-        """Seconds before the next upload may start: the backoff after failures, else the send interval."""
-        interval = MIN_SEND_INTERVAL_S - (time.monotonic() - self._last_send)
+        """Seconds before the next upload may start: the backoff after failures, else the send interval (not
+        when closing: then only the backoff)."""
+        interval = 0.0 if self._closing else MIN_SEND_INTERVAL_S - (time.monotonic() - self._last_send)
         return max(self._backoff.wait_time(), interval, 0.0)
 
     def _failed(self, error: BaseException) -> None:
@@ -171,7 +244,32 @@ class Sender:
                 self._backoff.failures,
                 message,
                 self._backoff.maximum,
-                self.journal.path,
+                self.journal.location,
             )
         elif self._backoff.failures < OPEN_AFTER_FAILURES:
             logger.info("hvd-mlflow: upload failed (%s); retrying in %.0f s", message, delay)
+
+
+class _NoticingAnswers:
+    """An ``MlflowClient`` that tells the sender each time the server answered a call."""
+
+    def __init__(self, client: object, sender: Sender) -> None:
+        self._client = client
+        self._sender = sender
+
+    def __getattr__(self, name: str) -> object:
+        attribute = getattr(self._client, name)
+        if not callable(attribute) or name.startswith("_"):
+            return attribute
+
+        def call(*args: object, **kwargs: object) -> object:
+            try:
+                result = attribute(*args, **kwargs)
+            except Exception as error:
+                if http_status(error) is not None:  # an HTTP answer, even a refusal, means the server is up
+                    self._sender._answered = True
+                raise
+            self._sender._answered = True
+            return result
+
+        return call

@@ -7,8 +7,13 @@ to an epoch end on rank 0 stays under STALL_BOUND_S. Measurements go to test-art
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
+import time
 import uuid
 
 import pytest
@@ -267,3 +272,91 @@ def test_the_journal_holds_no_secret(tmp_path):
     for path in files:
         data = path.read_bytes()
         assert token.encode() not in data and password.encode() not in data, path
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_under_the_journal_moves_it_to_memory_and_loses_nothing(tmp_path, mlflow_server, client):
+    """Rank 0's journal directory is a 256 KB filesystem that fills up mid-training (about 6 KB per epoch)."""
+    small = tmp_path / "small-disk"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
+    try:
+        run_id = precreated_run(client)
+        done = train(tmp_path / "work", mlflow_server.url, run_id,
+                     ["--epochs", "10", "--extra-metrics", "150", "--epoch-sleep", "0.1"],
+                     HVD_MLFLOW_JOURNAL_DIR=str(small))  # fmt: skip
+        ranks = finished_ranks(done)
+        used = shutil.disk_usage(small)
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+    assert "cannot be written any more" in done.output and "database or disk is full" in done.output
+    assert "Traceback" not in done.output
+    extra = {f"extra/m{i:04d}": [i + 0.5 + e * 0.5 for e in range(10)] for i in range(150)}
+    counts = check_run(client, run_id, ranks, 10, extra_keys=extra)
+    assert_stall("disk_full", ranks, counts, disk_bytes=used.total, disk_free_at_end=used.free)
+
+
+def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_path, mlflow_server, client):
+    """Default settings (flush_timeout 60 s, MLflow's own retries, model logging on, a run to create): the same
+    6-epoch training against a healthy server, then against an address where nothing ever answers."""
+    names = {which: f"down-{which}-{uuid.uuid4().hex[:8]}" for which in ("healthy", "down")}
+    defaults = {"HVD_MLFLOW_LOG_MODELS": "1"}
+    healthy = launch.run(
+        tmp_path / "healthy",
+        ["--epochs", "6"],
+        timeout=400,
+        env={**defaults, "MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": names["healthy"]},
+    )
+    healthy.check()
+    port = free_port()
+    down = launch.run(
+        tmp_path / "down",
+        ["--epochs", "6"],
+        timeout=400,
+        env={**defaults, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}", "MLFLOW_EXPERIMENT_NAME": names["down"]},
+    )
+    ranks = finished_ranks(down)
+    extra = down.seconds - healthy.seconds
+    assert "hvd-mlflow sync" in down.output and "the model was not logged" in down.output
+    with Proxy(mlflow_server.url, port=port):  # the server is back: the user runs the command the warning gave
+        result = sync(tmp_path / "down")
+    assert result.returncode == 0, result.stderr
+    [run] = client.search_runs([client.get_experiment_by_name(names["down"]).experiment_id])
+    counts = check_run(client, run.info.run_id, ranks, 6)
+    assert run.info.status == "FINISHED"
+    report("server_down_whole_training", healthy_s=round(healthy.seconds, 1), down_s=round(down.seconds, 1),
+           extra_s=round(extra, 1), **counts)  # fmt: skip
+    assert extra <= 15.0, (healthy.seconds, down.seconds)
+
+
+def test_sync_from_another_host_skips_a_journal_a_training_still_writes(tmp_path, mlflow_server, client):
+    """``hvd-mlflow sync`` run, while the training runs, under another host name (as from another machine that
+    shares the journal directory): it must leave the live journal alone, and not end the run it creates."""
+    name = f"sync-live-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "work"
+    result: list = []
+    with Proxy(mlflow_server.url, fault=lambda r: Delay(0.5)) as proxy:
+        training = threading.Thread(
+            target=lambda: result.append(
+                train(out, proxy.url, args=["--epochs", "8", "--epoch-sleep", "1.0"], MLFLOW_EXPERIMENT_NAME=name)
+            )
+        )
+        training.start()
+        deadline = time.monotonic() + 120
+        while not journals(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert journals(out), "the training never made a journal"
+        time.sleep(2.0)  # a few epochs in: the run exists and has points
+        elsewhere = subprocess.run(
+            ["unshare", "--uts", "sh", "-c", f"hostname other-host && {sys.executable} -m hvd_mlflow.cli sync"],
+            cwd=out, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+        training.join(300)
+    ranks = finished_ranks(result[0])
+    said = elsewhere.stdout + elsewhere.stderr
+    assert "skipped, a training still sends from it" in said and "entries uploaded" not in said, said
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    counts = check_run(client, run.info.run_id, ranks, 8)
+    assert run.info.status == "FINISHED"  # ended by the training with its outcome, not KILLED by the sync
+    report("sync_during_training", sync_output=elsewhere.stdout.strip(), **counts)

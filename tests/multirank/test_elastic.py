@@ -27,7 +27,8 @@ EPOCHS, KILL_AT = 8, 2
 WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 
-def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
+def elastic_training(tmp_path, mlflow_server, keras_mode, *extra: str) -> tuple[str, str, float]:
+    """Run the elastic worker (2 processes, min 1); return its output, the experiment name and the seconds."""
     import keras
 
     if keras_mode == "keras" and int(keras.__version__.split(".")[0]) >= 3:
@@ -39,6 +40,7 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
         str(launch.BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
         "--host-discovery-script", str(discover), "--network-interface", "lo", "--gloo",
         sys.executable, str(WORKER), "--out", str(tmp_path), "--epochs", str(EPOCHS), "--kill-at", str(KILL_AT),
+        *extra,
     ]  # fmt: skip
     experiment = f"elastic-{uuid.uuid4().hex[:8]}"  # its own experiment: the only run there is this training's
     env = launch._env(
@@ -53,31 +55,65 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     output = done.stdout + done.stderr
     (tmp_path / "output.log").write_text(output)
     assert done.returncode == 0, output[-6000:]
+    return output, experiment, time.time() - start
 
+
+def epochs_by_global_epoch(tmp_path) -> dict[int, list[dict]]:
     lines = [json.loads(line) for f in sorted(tmp_path.glob("epochs-*.jsonl")) for line in f.read_text().splitlines()]
     by_epoch: dict[int, list[dict]] = {}
     for line in sorted(lines, key=lambda line: line["time"]):
         by_epoch.setdefault(line["epoch"], []).append(line)
-    assert sorted(by_epoch) == list(range(EPOCHS)), sorted(by_epoch)  # the survivors finished the training
-    assert all(by_epoch[e][0]["size"] == 2 for e in range(KILL_AT + 1))  # before the kill: 2 ranks
-    assert all(len(by_epoch[e]) == 1 and by_epoch[e][0]["size"] == 1 for e in range(KILL_AT + 1, EPOCHS))
-    # Horovod commits before its UpdateEpochStateCallback moves the epoch on, so the survivor redoes the
-    # killed epoch after the reset: that step is in the run once, with its first (2-rank) value.
-    first = {e: group[: group[0]["size"]] for e, group in by_epoch.items()}
-    redone = [e for e, group in by_epoch.items() if len(group) > group[0]["size"]]
-    assert len(list(tmp_path.glob("done-*.json"))) == 1  # one process finished; the killed one did not
+    return by_epoch
 
+
+def assert_every_epoch_once(client, experiment: str, by_epoch: dict[int, list[dict]]) -> str:
+    """The experiment's one run holds every epoch once, with the global value of the ranks that first ran it,
+    and is FINISHED; returns its id."""
+    first = {e: group[: group[0]["size"]] for e, group in by_epoch.items()}
     runs = client.search_runs([client.get_experiment_by_name(experiment).experiment_id], max_results=50)
-    assert len(runs) == 1  # one run, continued by the new rank 0
+    assert len(runs) == 1  # one run, continued by whoever is rank 0
     [run] = runs
     for key in ("loss", "val_loss", "accuracy"):
         points = sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
         assert [p.step for p in points] == list(range(EPOCHS)), key  # every epoch once, at the state's epoch
         for point in points:
-            ran = first[point.step]
-            want = np.mean([r["local"][key] for r in ran])  # equal shards: the exact value is the mean
+            want = np.mean([r["local"][key] for r in first[point.step]])  # equal shards: the exact value is the mean
             assert point.value == pytest.approx(want, rel=1e-6, abs=1e-7), (key, point.step)
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    return run.info.run_id
+
+
+def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
+    output, experiment, seconds = elastic_training(tmp_path, mlflow_server, keras_mode)
+    by_epoch = epochs_by_global_epoch(tmp_path)
+    assert sorted(by_epoch) == list(range(EPOCHS)), sorted(by_epoch)  # the survivors finished the training
+    assert all(by_epoch[e][0]["size"] == 2 for e in range(KILL_AT + 1))  # before the kill: 2 ranks
+    assert all(len(by_epoch[e]) == 1 and by_epoch[e][0]["size"] == 1 for e in range(KILL_AT + 1, EPOCHS))
+    # Horovod commits before its UpdateEpochStateCallback moves the epoch on, so the survivor redoes the
+    # killed epoch after the reset: that step is in the run once, with its first (2-rank) value.
+    redone = [e for e, group in by_epoch.items() if len(group) > group[0]["size"]]
+    assert len(list(tmp_path.glob("done-*.json"))) == 1  # one process finished; the killed one did not
+
+    assert_every_epoch_once(client, experiment, by_epoch)  # the new rank 0 ended the run it inherited
     report("elastic", epochs=EPOCHS, killed_after_epoch=KILL_AT, redone_after_reset=redone, steps_in_run=EPOCHS,
-           seconds=round(time.time() - start, 1))  # fmt: skip
-    assert client.get_run(run.info.run_id).info.status == "FINISHED"  # the new rank 0 ended the run it inherited
+           seconds=round(seconds, 1))  # fmt: skip
     assert "different values for param" not in output  # params are not logged again after a reset
+
+
+def test_rank0_survives_a_reset_its_old_sender_ends_and_nothing_is_doubled(tmp_path, mlflow_server, client, keras_mode):
+    """Rank 1 dies; rank 0 survives the reset and stays rank 0. Its sender of the cut fit must end (no thread
+    left spinning), the restarted fit logs on into the same run, and the run is FINISHED, not FAILED."""
+    idle = 10.0
+    output, experiment, seconds = elastic_training(
+        tmp_path, mlflow_server, keras_mode, "--kill-start-rank", "1", "--idle-probe", str(idle)
+    )
+    by_epoch = epochs_by_global_epoch(tmp_path)
+    assert sorted(by_epoch) == list(range(EPOCHS))
+    assert all(group[0]["rank"] == 0 for group in by_epoch.values())  # the same process was rank 0 throughout
+    assert_every_epoch_once(client, experiment, by_epoch)
+    [done] = [json.loads(p.read_text()) for p in tmp_path.glob("done-*.json")]
+    cpu = done["idle_cpu"]
+    report("elastic_rank0_survives", idle_cpu_after_reset=round(cpu["after_reset"], 4),
+           idle_cpu_after_fit=round(cpu["after_fit"], 4), idle_seconds=idle, seconds=round(seconds, 1))  # fmt: skip
+    assert cpu["after_reset"] < 0.05 and cpu["after_fit"] < 0.05, cpu
+    assert "not delivered" not in output  # a reset is not a failure: no flush was waited for, nothing left behind

@@ -60,7 +60,7 @@ def doctor(cwd, **env):
 
 
 def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_server):
-    from hvd_mlflow.journal import Journal
+    from hvd_mlflow.journal import FileJournal, JournalMeta
 
     healthy = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
     assert healthy.returncode == 0, healthy.stdout
@@ -68,7 +68,7 @@ def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_s
     down = doctor(tmp_path, MLFLOW_TRACKING_URI="http://alice:pw-123456@127.0.0.1:1")
     assert down.returncode == 1 and "does not answer" in down.stdout and "start the server" in down.stdout
     assert "pw-123456" not in down.stdout  # credentials masked
-    Journal.create(tmp_path / ".hvd_mlflow" / "journal", {}).append("metrics", {"loss": 1.0}, 0, 1)
+    FileJournal.create(tmp_path / ".hvd_mlflow" / "journal", JournalMeta.new()).append("metrics", {"loss": 1.0}, 0, 1)
     pending = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
     assert (
         pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 import uuid
 
 from hvd_mlflow.destination import Destination
@@ -14,9 +15,10 @@ def test_nan_inf_are_kept_and_overlong_params_truncated_with_a_warning(tmp_path,
     caplog.set_level(logging.WARNING, "hvd_mlflow")
     run_id = client.create_run(client.create_experiment(f"values-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(mlflow_server.url, run_id, None, None, False), tmp_path / "journal")
+    run_logger.start()
     run_logger.log_params({"long": "x" * 7000, "short": "ok"})
     run_logger.log_metrics(0, {"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "acc": 0.5})
-    assert run_logger.close("FINISHED", timeout=30)
+    assert run_logger.close("FINISHED", deadline=time.monotonic() + 30)
     run = client.get_run(run_id)
     assert run.data.params["short"] == "ok" and run.data.params["long"] == "x" * 6000
     assert sum("'long' is 7000 characters long" in r.getMessage() for r in caplog.records) == 1

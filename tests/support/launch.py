@@ -36,6 +36,7 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
         HOROVOD_GLOO_TIMEOUT_SECONDS="60",
         TF_CPP_MIN_LOG_LEVEL="2",
         PYTHONUNBUFFERED="1",
+        HVD_MLFLOW_TESTING="1",  # rank 0's guard re-raises (the fault-injection tests turn it off)
         HVD_MLFLOW_LOG_MODELS="0",  # the model tests turn it on; saving a model costs seconds per launch
     )
     env.update(extra or {})
@@ -50,10 +51,11 @@ def run(
     env: dict[str, str] | None = None,
     timeout: float = 300,
     horovodrun: bool = True,
+    worker: Path = WORKER,
 ) -> Launch:
-    """Run the worker with ``np`` ranks (``horovodrun=False``: one process, no launcher)."""
+    """Run ``worker`` with ``np`` ranks (``horovodrun=False``: one process, no launcher)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, str(WORKER), "--out", str(out_dir), *(args or [])]
+    command = [sys.executable, str(worker), "--out", str(out_dir), *(args or [])]
     if horovodrun:
         command = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     start = time.monotonic()

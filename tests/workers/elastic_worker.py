@@ -3,7 +3,9 @@
 Each process appends, per epoch it completes, a line to ``epochs-<pid>.jsonl`` in ``--out``: the elastic
 state's epoch (the global epoch), this process's rank and the world size then, Keras' local logs (recorded
 before any callback runs) and the logs after every callback (the global values). The process that starts as
-rank 0 SIGKILLs itself at the end of global epoch ``--kill-at``, after every callback (the commit included).
+rank ``--kill-start-rank`` (default 0) SIGKILLs itself at the end of global epoch ``--kill-at``, after every
+callback (the commit included). With ``--idle-probe S``, a survivor measures its own CPU time over S idle seconds
+right after the reset (at the restarted fit's train begin) and after the training, into ``done-<pid>.json``.
 """
 
 from __future__ import annotations
@@ -37,9 +39,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--kill-at", type=int, default=2)
+    parser.add_argument("--kill-start-rank", type=int, default=0)
+    parser.add_argument("--idle-probe", type=float, default=0.0)
     args = parser.parse_args()
     hvd.init()
-    started_as_rank0 = hvd.rank() == 0
+    doomed = hvd.rank() == args.kill_start_rank
+    probes: dict[str, float] = {}
     logging.basicConfig(level=logging.INFO, format=f"[pid {os.getpid()}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
     hvd_mlflow.autolog()
@@ -65,12 +70,20 @@ def main() -> None:
                 "global": {k: float(np.asarray(v)) for k, v in logs.items()}}  # fmt: skip
         with log_file.open("a") as f:
             f.write(json.dumps(line) + "\n")
-        if started_as_rank0 and global_epoch == args.kill_at:
+        if doomed and global_epoch == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
 
     callback_list.on_epoch_end = on_epoch_end
-    callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state)]
+
+    class IdleProbe(keras.callbacks.Callback):
+        """After a reset (a fit that starts past epoch 0), idle a while and measure this process's CPU time."""
+
+        def on_train_begin(self, logs=None):
+            if args.idle_probe and int(state.epoch) > 0 and "after_reset" not in probes:
+                probes["after_reset"] = idle_cpu_fraction(args.idle_probe)
+
+    callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateEpochStateCallback(state), IdleProbe()]
 
     @hvd.elastic.run
     def train(state):
@@ -80,7 +93,16 @@ def main() -> None:
                   callbacks=callbacks, verbose=0)  # fmt: skip
 
     train(state)
-    (args.out / f"done-{os.getpid()}.json").write_text(json.dumps({"epoch": int(state.epoch)}))
+    if args.idle_probe:
+        probes["after_fit"] = idle_cpu_fraction(args.idle_probe)
+    (args.out / f"done-{os.getpid()}.json").write_text(json.dumps({"epoch": int(state.epoch), "idle_cpu": probes}))
+
+
+def idle_cpu_fraction(seconds: float) -> float:
+    """This process's CPU time (every thread) over ``seconds`` of doing nothing, as a fraction of the wall time."""
+    cpu, wall = time.process_time(), time.monotonic()
+    time.sleep(seconds)
+    return (time.process_time() - cpu) / (time.monotonic() - wall)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,19 @@
+"""The errors hvd-mlflow raises to users; each is raised on every rank at the same point, never by one rank alone."""
+
+from __future__ import annotations
+
+
+class HvdMlflowError(Exception):
+    """Base class of every error hvd-mlflow raises (catch this to handle any of them)."""
+
+
+class MetricKeyMismatchError(HvdMlflowError, RuntimeError):
+    """Ranks reported different metric keys at the same epoch end, so their values cannot be combined."""
+
+
+class MetricNameCollisionError(HvdMlflowError, ValueError):
+    """Two logged metric names become the same once made acceptable to the tracking server."""
+
+
+class OptionsMismatchError(HvdMlflowError):
+    """Ranks were given different options that decide which collectives run."""

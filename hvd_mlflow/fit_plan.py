@@ -1,0 +1,55 @@
+"""What every rank agrees on at train begin, in one collective, before any other collective of the fit.
+
+Rule 2 of this code base: every decision that changes which collectives a rank calls is the same on every rank by
+construction. At train begin each rank brings a :class:`Proposal`: rank 0 the run (which it alone resolved) and
+the global step it starts from (its optimizer's iteration count: with Horovod's resume recipe only rank 0 has
+restored it yet), every rank the options that shape the collectives. One ``allgather_object`` gives every rank
+every proposal, so every rank takes rank 0's run and first step, and every rank sees whether the ranks' options
+differ and raises the same error if they do (never a hang).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from .collectives import Collectives
+from .errors import OptionsMismatchError
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    run_id: str | None  # rank 0's; None elsewhere
+    owns_run: bool  # hvd-mlflow creates (or created) the run: whoever is rank 0 at the end ends it
+    first_step: int  # rank 0's optimizer iterations at train begin; 0 elsewhere
+    collective_options: tuple[tuple[str, Any], ...]  # (name, value) of every option that shapes collectives
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    run_id: str | None
+    owns_run: bool
+    first_step: int
+
+
+def agree(comm: Collectives, proposal: Proposal) -> Plan:
+    """Every rank's proposal, exchanged; rank 0's run and first step. Raises on every rank if options differ."""
+    proposals: Sequence[Proposal] = (
+        comm.allgather_object(proposal, name="hvd_mlflow.train_begin") if comm.size > 1 else [proposal]
+    )
+    reference = proposals[0].collective_options
+    different = [(rank, p.collective_options) for rank, p in enumerate(proposals) if p.collective_options != reference]
+    if different:
+        lines = [f"  rank 0: {_describe(reference)}"] + [f"  rank {r}: {_describe(o)}" for r, o in different]
+        raise OptionsMismatchError(
+            "hvd-mlflow: ranks were given different options that decide which collectives every rank runs, so "
+            "they would wait for each other forever; give every rank the same (same code, same HVD_MLFLOW_* "
+            "variables):\n" + "\n".join(lines)
+        )
+    leader = proposals[0]
+    return Plan(run_id=leader.run_id, owns_run=leader.owns_run, first_step=leader.first_step)
+
+
+def _describe(options: tuple[tuple[str, Any], ...]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in options)

@@ -1,0 +1,170 @@
+"""The journal: durable entries, the typed meta record, the memory fallback, the writer lock."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from hvd_mlflow.journal import (
+    DELIVERED,
+    REJECTED,
+    FileJournal,
+    JournalMeta,
+    LiveJournal,
+    MemoryJournal,
+    find,
+    writer_state,
+)
+
+
+def meta(**fields) -> JournalMeta:
+    return JournalMeta.new(tracking_uri="http://x", **fields)
+
+
+def test_entries_survive_reopen_in_order_and_acknowledgements_stick(tmp_path):
+    journal = FileJournal.create(tmp_path, meta())
+    seqs = [journal.append("metrics", {"loss": 1.0 / (s + 1)}, step=s, timestamp_ms=100 + s) for s in range(5)]
+    journal.acknowledge(seqs[:2])
+    journal.close()
+    again = FileJournal.open(find(tmp_path)[0])
+    assert [e.step for e in again.pending()] == [2, 3, 4]
+    assert again.count(DELIVERED) == 2
+    assert again.meta().tracking_uri == "http://x" and len(again.meta().journal_id) == 32
+    again.acknowledge([seqs[2]], state=REJECTED)
+    assert again.count() == 2 and again.count(REJECTED) == 1
+
+
+def test_meta_is_typed_and_round_trips_through_the_file(tmp_path):
+    original = meta(run_id="r1", job_mode=True, created_run=True, run_tags={"a": "b"}, experiment_id="7")
+    journal = FileJournal.create(tmp_path, original)
+    # the rows, as an independent reader of the file sees them: booleans "1"/"0", tags as JSON
+    rows = dict(sqlite3.connect(journal.path).execute("SELECT key, value FROM meta"))
+    assert rows["job_mode"] == "1" and rows["created_run"] == "1" and rows["ended"] == "0"
+    assert rows["run_tags"] == '{"a": "b"}' and rows["run_id"] == "r1" and rows["final_status"] is None
+    assert journal.meta() == original
+    updated = journal.update_meta(final_status="FINISHED", ended=True)
+    assert FileJournal.open(journal.path).meta() == updated
+    assert updated.final_status == "FINISHED" and updated.ended and updated.run_tags == {"a": "b"}
+    with pytest.raises(TypeError):
+        journal.update_meta(no_such_field=1)
+
+
+def test_journal_file_is_owner_only(tmp_path):
+    journal = FileJournal.create(tmp_path / "j", meta())
+    assert journal.path.stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "j").stat().st_mode & 0o777 == 0o700
+
+
+def test_nan_and_inf_round_trip(tmp_path):
+    journal = FileJournal.create(tmp_path, meta())
+    journal.append("metrics", {"a": float("nan"), "b": float("inf"), "c": -float("inf")}, step=0, timestamp_ms=1)
+    payload = journal.pending()[0].payload
+    assert math.isnan(payload["a"]) and payload["b"] == math.inf and payload["c"] == -math.inf
+
+
+def test_memory_journal_is_bounded_and_counts_what_it_dropped():
+    journal = MemoryJournal(meta(), max_points=10)
+    journal.append("params", {"p": "1"})
+    for step in range(6):
+        journal.append("metrics", {"a": 1.0, "b": 2.0, "c": 3.0}, step=step, timestamp_ms=step)
+    # 18 values for a bound of 10: the three oldest epochs went (9 values); params are never dropped
+    assert journal.dropped_points == 9
+    assert [e.step for e in journal.pending() if e.kind == "metrics"] == [3, 4, 5]
+    assert journal.pending()[0].payload == {"p": "1"}
+
+
+def test_memory_journal_is_safe_between_threads():
+    journal = MemoryJournal(meta())
+
+    def write(offset: int) -> None:
+        for step in range(500):
+            journal.append("metrics", {"x": 1.0}, step=offset + step, timestamp_ms=step)
+
+    threads = [threading.Thread(target=write, args=(k * 1000,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    seen = 0
+    while any(t.is_alive() for t in threads) or journal.count():
+        batch = journal.pending(50)
+        journal.acknowledge([e.seq for e in batch])
+        seen += len(batch)
+    for thread in threads:
+        thread.join()
+    assert seen == 2000 and journal.count(DELIVERED) == 2000
+
+
+def test_live_journal_moves_to_memory_when_the_file_fails_and_keeps_what_was_pending(tmp_path, caplog):
+    live = LiveJournal(FileJournal.create(tmp_path, meta(run_id="r")))
+    first = live.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    second = live.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=2)
+    live.acknowledge([first])
+    live.file._db.execute("PRAGMA query_only = ON")  # every write now fails as on a full or read-only disk
+    third = live.append("metrics", {"loss": 0.25}, step=2, timestamp_ms=3)
+    assert live.in_memory and "cannot be written" in caplog.text
+    assert [(e.seq, e.step) for e in live.pending()] == [(second, 1), (third, 2)]  # the pending one, same seq
+    assert third > second and live.meta().run_id == "r"
+    live.acknowledge([second, third])  # acknowledgements go to memory too: nothing is sent twice
+    assert live.count() == 0
+    live.update_meta(ended=True)
+    assert live.meta().ended
+
+
+def test_live_journal_in_memory_from_the_start_when_no_file_can_be_created(tmp_path, caplog):
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    live = LiveJournal.open_new(blocked / "journal", meta())
+    assert live.in_memory and live.location == "memory" and "keeping it in memory" in caplog.text
+    live.append("params", {"p": "1"})
+    assert live.count() == 1
+
+
+def test_sqlite_that_cannot_work_on_the_filesystem_falls_back_too(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise sqlite3.OperationalError("disk I/O error")  # not an OSError: what a network mount gives
+
+    monkeypatch.setattr(sqlite3, "connect", broken)
+    live = LiveJournal.open_new(tmp_path, meta())
+    assert live.in_memory and find(tmp_path) == []  # no half-made file left behind
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from hvd_mlflow.journal import FileJournal, JournalMeta
+journal = FileJournal.create(Path(sys.argv[1]), JournalMeta.new())
+print(journal.path, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_writer_lock_tells_a_live_writer_in_another_process_and_goes_with_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        path = holder.stdout.readline().strip()
+        assert writer_state(path) == "alive"
+        other = FileJournal.open(path)
+        assert other.take_over() is False  # sync from anywhere: skipped while the writer lives
+        other.close()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert writer_state(path) == "gone"  # the kernel released it with the process
+    again = FileJournal.open(path)
+    assert again.take_over() is True
+    assert writer_state(path) == "alive"  # held by this sync now: a second sync skips it
+    again.close()
+
+
+def test_a_journal_without_lock_file_is_judged_by_pid_on_this_host(tmp_path):
+    journal = FileJournal.create(tmp_path, meta())
+    journal.close()
+    (tmp_path / (journal.path.name + ".lock")).unlink()
+    assert writer_state(journal.path) == "unknown"
+    dead = FileJournal.open(journal.path)
+    dead.update_meta(pid=2**22 + 12345)  # no such process
+    assert dead.take_over() is True

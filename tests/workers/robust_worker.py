@@ -1,0 +1,268 @@
+"""Trainings that check hvd-mlflow never breaks, stalls or hangs training: one named scenario per run.
+
+    horovodrun -np 2 -H localhost:2 --gloo python robust_worker.py --out DIR SCENARIO [options]
+
+Scenarios (each rank writes ``rank<R>.json`` in ``--out``):
+
+* ``faults``: one baseline fit without hvd-mlflow, then one fit per rank-0-only step of hvd-mlflow, each with
+  that step made to raise on rank 0 (:data:`INJECTIONS`). Every fit starts from the same weights and data, so its
+  final weights must equal the baseline's. Records, per fit: seconds, final weights, rank 0's hvd-mlflow warnings.
+* ``resume-recipe``: Horovod's resume recipe: rank 0 alone restores its optimizer's iteration count (and weights),
+  the other ranks start fresh, and the state is broadcast from rank 0 at the end of the first batch (Horovod's
+  ``BroadcastGlobalVariablesCallback`` where it works, else the project's own broadcast).
+* ``guard``: rank 1 is pointed at its own tracking URI and tries every MLflow write path.
+* ``callback-list``: ``fit(callbacks=<a Keras CallbackList>)`` with ``autolog()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import numpy as np
+from common import FLAVOUR, KERAS_MAJOR, Record, data, keras, keras_module, small_model, spy_local_logs, weights
+
+import hvd_mlflow
+from hvd_mlflow import destination, journal, keras_flavour, model_logging, names, run_params, sender
+
+
+class Capture(logging.Handler):
+    """hvd-mlflow's warnings, as rank 0 says them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _raises(error: BaseException) -> Callable[..., object]:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise error
+
+    return fail
+
+
+def _after_calls(original: Callable[..., object], calls: int, error: BaseException) -> Callable[..., object]:
+    count = {"n": 0}
+
+    def maybe_fail(*args: object, **kwargs: object) -> object:
+        count["n"] += 1
+        if count["n"] > calls:
+            raise error
+        return original(*args, **kwargs)
+
+    return maybe_fail
+
+
+def _param_names_fail(original: Callable[..., object]) -> Callable[..., object]:
+    def call(self, names_: object) -> object:
+        if self._what == "param":
+            raise UnicodeError("injected: cannot clean a param name")
+        return original(self, names_)
+
+    return call
+
+
+# Every rank-0-only step: (owner, attribute, replacement factory). Only rank 0 is patched.
+_FILE_JOURNAL = getattr(journal, "FileJournal", None) or journal.Journal  # (older versions: Journal)
+INJECTIONS: dict[str, tuple[object, str, Callable[[Callable[..., object]], Callable[..., object]]]] = {
+    "journal create": (_FILE_JOURNAL, "create",
+                       lambda o: _raises(sqlite3.OperationalError("injected: disk I/O error"))),
+    "journal append": (_FILE_JOURNAL, "append",
+                       lambda o: _after_calls(o, 3, sqlite3.OperationalError("injected: database or disk is full"))),
+    "params": (run_params, "training_params", lambda o: _raises(RuntimeError("injected: params"))),
+    "learning rate": (run_params, "current_learning_rate", lambda o: _raises(ValueError("injected: lr schedule"))),
+    "param names": (names.NameMap, "__call__", _param_names_fail),
+    "sender start": (sender.Sender, "start", lambda o: _raises(RuntimeError("injected: can't start new thread"))),
+    "run resolution": (destination, "resolve", lambda o: _raises(RuntimeError("injected: no destination"))),
+    "model logging": (model_logging, "log_model", lambda o: _raises(OSError("injected: model save failed"))),
+    "CSV file": (keras_flavour, "csv_logger", lambda o: _raises(PermissionError("injected: read-only csv"))),
+}  # fmt: skip
+
+
+@contextlib.contextmanager
+def injected(name: str, rank: int) -> Iterator[None]:
+    if rank != 0 or name == "baseline":
+        yield
+        return
+    owner, attribute, factory = INJECTIONS[name]
+    original = getattr(owner, attribute, None)
+    if original is None:  # not a step of this version of hvd-mlflow
+        yield
+        return
+    setattr(owner, attribute, factory(original))
+    try:
+        yield
+    finally:
+        setattr(owner, attribute, original)
+
+
+def faults(args: argparse.Namespace, record: Record) -> None:
+    rank = hvd.rank()
+    spy_local_logs(record)
+    capture = Capture()
+    logging.getLogger("hvd_mlflow").addHandler(capture)
+    x, y = data(rank, 96)
+    xv, yv = data(rank, 48, seed=10)
+    record["fits"] = {}
+    os.environ["HVD_MLFLOW_TESTING"] = "0"  # the guards degrade here, as for users
+    for name in ["baseline", *INJECTIONS]:
+        if name == "baseline":
+            hvd_mlflow.autolog(disable=True)
+        else:
+            hvd_mlflow.autolog(extra_tags={"test.fault": name}, log_models=name == "model logging",
+                               csv_path=str(args.out / f"csv-{rank}.csv") if name == "CSV file" else None)  # fmt: skip
+        model = small_model()
+        capture.messages.clear()
+        hvd.allreduce(np.zeros(1), name=f"sync.{name}")  # every fit starts together
+        start = time.perf_counter()
+        with injected(name, rank):
+            history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), verbose=0)
+        record["fits"][name] = {
+            "seconds": time.perf_counter() - start,
+            "weights": weights(model),
+            "warnings": list(capture.messages),
+            "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+            "local": record["local"][-1],
+        }
+        record.save()
+
+
+class OwnBroadcast(keras.callbacks.Callback):
+    """Rank 0's model and optimizer state to every rank at the end of the first batch (what Horovod's
+    ``BroadcastGlobalVariablesCallback`` does, for Keras 3 where Horovod's does not work)."""
+
+    done = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.done:
+            return
+        self.done = True
+        variables = list(self.model.variables) + list(self.model.optimizer.variables)
+        for i, variable in enumerate(variables):
+            variable.assign(hvd.broadcast(variable, root_rank=0, name=f"own_broadcast.{i}"))
+
+
+def resume_recipe(args: argparse.Namespace, record: Record) -> None:
+    rank = hvd.rank()
+    if args.log_every_n_steps:
+        hvd_mlflow.autolog(log_every_n_steps=args.log_every_n_steps)
+    model = small_model(steps_per_execution=args.steps_per_execution)
+    x, y = data(rank, 96)
+    model.optimizer.iterations  # noqa: B018 - created with the optimizer
+    if rank == 0:  # what hvd.load_model / a checkpoint restore does, on rank 0 alone
+        model.optimizer.iterations.assign(args.restored_step)
+        model.set_weights([w + 0.1 for w in model.get_weights()])
+    record["iterations_at_start"] = int(np.asarray(model.optimizer.iterations))
+    if args.broadcast == "horovod":
+        import horovod.tensorflow.keras as hvd_keras
+
+        broadcast = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)
+    else:
+        broadcast = OwnBroadcast()
+    model.fit(x, y, batch_size=16, epochs=args.epochs, callbacks=[broadcast], verbose=0)
+    record["iterations_at_end"] = int(np.asarray(model.optimizer.iterations))
+    record["weights"] = weights(model)
+    record["finished"] = True
+    record.save()
+
+
+def guard(args: argparse.Namespace, record: Record) -> None:
+    rank = hvd.rank()
+    if rank == 1:  # its own server (a counting proxy), as a script that sets it on every rank would
+        os.environ["MLFLOW_TRACKING_URI"] = args.rank1_uri
+    import mlflow
+    import mlflow.tensorflow
+    from mlflow import MlflowClient, log_metric  # imported before autolog(): the guard must still hold
+
+    hvd_mlflow.autolog()
+    model = small_model()
+    x, y = data(rank, 64)
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    errors = []
+    for what, call in [
+        ("log_metric imported before autolog", lambda: log_metric("stray", 1.0)),
+        ("mlflow.log_params", lambda: mlflow.log_params({"stray": 1})),
+        ("MlflowClient().log_metric", lambda: MlflowClient().log_metric(args.run_id, "stray", 1.0)),
+        ("MlflowClient().set_tag", lambda: MlflowClient().set_tag(args.run_id, "stray", "1")),
+        ("start_run + active_run", lambda: _start_run_and_read(mlflow, record)),
+        ("mlflow.tensorflow.log_model", lambda: mlflow.tensorflow.log_model(model, name="stray")),
+    ]:
+        if rank == 0:
+            continue  # rank 0 writes normally; the test looks at what rank 1 sent
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - recorded for the test
+            errors.append(f"{what}: {type(error).__name__}: {error}")
+    record["errors"] = errors
+    record["finished"] = True
+    record.save()
+
+
+def _start_run_and_read(mlflow: object, record: Record) -> None:
+    with mlflow.start_run():  # type: ignore[attr-defined]
+        record["active_run_id"] = mlflow.active_run().info.run_id  # type: ignore[attr-defined]
+    record["active_after_end"] = mlflow.active_run() is None  # type: ignore[attr-defined]
+
+
+class Recorder(keras.callbacks.Callback):
+    """A user callback inside the user's CallbackList: what later callbacks see at each epoch end."""
+
+    def __init__(self, record: Record) -> None:
+        super().__init__()
+        self.record = record
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.record.setdefault("seen", []).append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
+
+
+def callback_list(args: argparse.Namespace, record: Record) -> None:
+    rank = hvd.rank()
+    hvd_mlflow.autolog()
+    spy_local_logs(record)
+    model = small_model()
+    x, y = data(rank, 96)
+    xv, yv = data(rank, 48, seed=10)
+    given = keras_module.callbacks.CallbackList([Recorder(record)], add_history=True, model=model)
+    record["callback_list_class"] = f"{type(given).__module__}.{type(given).__name__}"
+    model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=given, verbose=0)
+    record["finished"] = True
+    record.save()
+
+
+SCENARIOS = {"faults": faults, "resume-recipe": resume_recipe, "guard": guard, "callback-list": callback_list}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--log-every-n-steps", type=int, default=0)
+    parser.add_argument("--steps-per-execution", type=int, default=1)
+    parser.add_argument("--restored-step", type=int, default=10)
+    parser.add_argument("--broadcast", choices=["horovod", "own"], default="own")
+    parser.add_argument("--rank1-uri", default="")
+    parser.add_argument("--run-id", default="")
+    args = parser.parse_args()
+    hvd.init()
+    logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
+    record = Record(args.out, hvd.rank())
+    record["scenario"], record["keras"] = args.scenario, f"{FLAVOUR} {KERAS_MAJOR}"
+    SCENARIOS[args.scenario](args, record)
+    print(f"[rank {hvd.rank()}] done", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
