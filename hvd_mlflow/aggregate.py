@@ -105,10 +105,20 @@ class Reducer:
         self.spread_keys = tuple(spread)
         self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
         self.spread: dict[str, float] = {}  # after reduce(): "<key>_rank_min"/"_rank_max" of the spread keys
+        self.carried: dict[str, float] = {}  # after reduce(): the sums over ranks of what each rank carried
 
-    def reduce(self, values: Mapping[str, float], tag: str, states: Sequence[MetricState] = ()) -> dict[str, float]:
-        """Global values of ``values``; ``tag`` names the collective (the same on every rank)."""
+    def reduce(
+        self,
+        values: Mapping[str, float],
+        tag: str,
+        states: Sequence[MetricState] = (),
+        carry: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
+        """Global values of ``values``; ``tag`` names the collective (the same on every rank). ``carry``: more
+        numbers summed over ranks in the same collective (in :attr:`carried` afterwards), e.g. rank 0's optimizer
+        step, which the others carry as 0: a value every rank then agrees on."""
         keys = list(values)
+        carry = dict(carry or {})
         states = list(states) if self.mode != "mean" else []
         samples = [_samples_for(key, states) for key in keys]
         local = np.array(list(values.values()), dtype=np.float64)
@@ -116,7 +126,8 @@ class Reducer:
         if self.mode != "mean":
             parts += [local * samples, np.array(samples, dtype=np.float64)]
         parts += [state.values for state in states]
-        layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states)]
+        parts += [np.array(list(carry.values()), dtype=np.float64)]
+        layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states), *(f"+{k}" for k in carry)]
         signature = key_signature(layout)
         vector = np.concatenate([*parts, [signature, signature * signature]])
         spread = [key for key in self.spread_keys if key in values]
@@ -128,14 +139,18 @@ class Reducer:
                     total, per_rank = self._gather(vector, keys, layout, tag)
                 else:
                     total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
-            except MetricKeyMismatchError:
-                raise
-            except Exception:  # noqa: BLE001 - Horovod refuses vectors of different lengths
-                self._raise_if_layouts_differ(keys, layout, tag)
+            except Exception as error:
+                # Horovod refuses vectors of different lengths on every rank alike ("Mismatched ..."): then, and
+                # only then, every rank gathers the layouts to say which keys differ. Any other error (an elastic
+                # reset, a failure of this rank alone) is raised as it is: no rank calls a collective alone.
+                if "Mismatched" in str(error):
+                    self._raise_if_layouts_differ(keys, layout, tag)
                 raise
         size = self._comm.size
         if total[-2] != size * signature or total[-1] != size * signature * signature:
             self._raise_if_layouts_differ(keys, layout, tag)
+        at = total.size - 2 - len(carry)
+        self.carried = {name: float(total[at + i]) for i, name in enumerate(carry)}
         self.spread = {}
         for key in spread:
             column = per_rank[:, keys.index(key)]

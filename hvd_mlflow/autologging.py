@@ -182,10 +182,11 @@ def _callbacks_in(given: Any) -> list[Any]:
     ``CallbackList`` (Keras 3 or tf_keras)."""
     if given is None:
         return []
-    inner = getattr(given, "callbacks", None)
-    if isinstance(inner, list) and _is_callback_list(given):
-        return list(inner)
-    return list(given)
+    if _is_callback_list(given):
+        return list(given.callbacks)
+    if isinstance(given, list | tuple):
+        return list(given)
+    return [given]  # one callback: Keras flattens it into a list of one
 
 
 def _is_callback_list(value: Any) -> bool:
@@ -195,8 +196,8 @@ def _is_callback_list(value: Any) -> bool:
 def _with_first(callback: Any, given: Any, model: Any) -> Any:
     """``given`` with ``callback`` first, in the form it came in. A ``CallbackList`` is rebuilt as the same class
     (Keras computes which hooks to call when one is built), with the user's callbacks, model and params."""
-    if given is None or not _is_callback_list(given):
-        return [callback, *(given or [])]
+    if not _is_callback_list(given):
+        return [callback, *_callbacks_in(given)]
     params = dict(getattr(given, "params", None) or {})
     rebuilt = type(given)([callback, *given.callbacks], model=getattr(given, "model", None) or model, **params)
     if not params:

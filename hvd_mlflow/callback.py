@@ -24,6 +24,7 @@ The decisions that choose which collectives a rank calls, each the same on every
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -113,8 +114,9 @@ class HorovodMlflowCallback:
     def _begin_fit_state(self) -> None:
         self._reducer = Reducer(self._comm, self.options.reduction, spread=self.options.rank_spread)
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
-        self._clock = BatchClock(0, self.options.log_every_n_steps, 1, False, None)
+        self._clock = BatchClock(0, self.options.log_every_n_steps)
         self._train_state: metric_state.MetricState | None = None
+        self._train_samples = 0.0  # reduction="mean": this rank's training samples, kept before validation
         self._validating = False
         self._params_logged = bool(self._elastic and self._elastic.link.params_logged)
         self._owns_run = False
@@ -139,8 +141,8 @@ class HorovodMlflowCallback:
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         if self._elastic is not None:
             self._elastic.fit_begins()
-        if self._run_logger is not None:  # the previous fit was cut (a reset): whoever is rank 0 now replays it
-            self._hand_over()
+        if self._run_logger is not None:  # the previous fit was cut: a reset (whoever is rank 0 now replays it),
+            self._hand_over() if self._elastic is not None else self._end_cut_fit()  # or it raised, without autolog
         self._comm = collectives.current()
         self._finished = False
         self._begin_fit_state()
@@ -153,22 +155,27 @@ class HorovodMlflowCallback:
             if self.options.reduction == "exact":
                 with self._rank0.step("checking the metrics"):
                     self._warn_non_additive()
-        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, self.options.collective()))
+        tuned = keras_flavour.steps_per_execution_is_tuned(self.model)  # compile arguments: alike on every rank
+        per_execution = keras_flavour.steps_per_execution(self.model)
+        shape = (*self.options.collective(), ("steps_per_execution", "auto" if tuned else per_execution))
+        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, shape))
         self.run_id = plan.run_id
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
-        params = self.params or {}
-        self._clock = BatchClock(
-            plan.first_step,
-            self.options.log_every_n_steps,
-            per_execution=keras_flavour.steps_per_execution(self.model),
-            index_is_first=keras_flavour.batch_index_is_first(self._flavour or "keras"),
-            steps_per_epoch=params.get("steps"),
-        )
+        every = self.options.log_every_n_steps
+        if every and tuned:  # each rank would tune it on its own clock: the batch indices would differ
+            every = 0
+            if self._comm.rank == 0:
+                warn_once(
+                    "tuned-steps",
+                    "hvd-mlflow: log_every_n_steps is off for this fit: steps_per_execution="
+                    "'auto' lets each rank tune it on its own, so ranks cannot agree on batches; give a number",
+                )
+        self._clock = BatchClock(plan.first_step, every, per_execution)
         if self._logging:
             with self._rank0.step("starting the sender"):  # without it the journal still keeps everything, for sync
                 self._run_logger.start()
-            if self._elastic is not None:  # after a reset: what the old rank 0 may not have sent (see elastic)
+            if self._elastic is not None and self.options.resume == "skip":  # what the old rank 0 may not have sent
                 with self._rank0.step("replaying the epochs before the reset", essential=True):
                     for step, timestamp_ms, values in self._elastic.replay():
                         self._run_logger.log_metrics(step, values, timestamp_ms=timestamp_ms)
@@ -209,9 +216,12 @@ class HorovodMlflowCallback:
 
     def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         # fit's validation is about to reset the metrics: keep the training state first
-        if not self._finished and not self._validating and self.options.reduction != "mean":
+        if not self._finished and not self._validating:
             self._validating = True
-            self._train_state = metric_state.capture(self.model, prefix="")
+            if self.options.reduction != "mean":
+                self._train_state = metric_state.capture(self.model, prefix="")
+            else:
+                self._train_samples = metric_state.samples(self.model)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
@@ -223,8 +233,13 @@ class HorovodMlflowCallback:
                 if self._validating
                 else [metric_state.capture(self.model, prefix="")]
             )
-        global_values = self._reducer.reduce(numeric_entries(logs), tag="epoch", states=_present(states))
+        global_values = self._reducer.reduce(
+            numeric_entries(logs), tag="epoch", states=_present(states), carry=self._epoch_carry()
+        )
         write_back(logs, global_values)
+        rank0_step = self._reducer.carried.get("rank0_step", math.nan)
+        if math.isfinite(rank0_step):  # agreed by every rank: the batch count never drifts from the optimizer
+            self._clock.anchor(int(rank0_step))
         values = {**global_values, **self._reducer.spread}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
@@ -246,6 +261,19 @@ class HorovodMlflowCallback:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)
 
+    def _epoch_carry(self) -> dict[str, float]:
+        """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
+        carry: dict[str, float] = {}
+        if self._clock.every > 0:  # rank 0's optimizer step (the others carry 0): the step every rank agrees on
+            step = math.nan
+            if self._comm.rank == 0:
+                with self._rank0.step("reading the optimizer's step"):
+                    step = float(run_params.optimizer_iterations(self.model) or math.nan)
+            carry["rank0_step"] = step if self._comm.rank == 0 else 0.0
+        if self.options.reduction == "mean":  # the exact reductions count samples in the metric states
+            carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
+        return carry
+
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._end_fit("FINISHED")
 
@@ -255,16 +283,18 @@ class HorovodMlflowCallback:
         if self._finished:
             return
         self._finished = True
-        if not self._logging:
+        if self._run_logger is None:
             return
         deadline = time.monotonic() + self.options.flush_timeout
-        if status == "FINISHED" and self._logs_models():
+        run_logger = self._run_logger
+        with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
+            run_logger.record_outcome(status)
+        if status == "FINISHED":
             with self._rank0.step("logging the model"):
-                self._log_model(deadline)
-        if self._csv_logger is not None:
-            with self._rank0.step("the CSV file"):
-                self._csv_logger.on_train_end()
-        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
+                if self._logs_models():  # the model gets the budget but a part kept for the last epochs
+                    self._log_model(deadline - min(5.0, self.options.flush_timeout / 2))
+        self._close_csv()
+        self._run_logger = None
         with self._rank0.step("delivering the last epochs"):
             run_logger.close(status, deadline)
 
@@ -274,20 +304,41 @@ class HorovodMlflowCallback:
         self._hand_over()
 
     def _hand_over(self) -> None:
-        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
-        if run_logger is not None:
-            with self._rank0.step("handing the run over after a reset"):
+        run_logger, self._run_logger = self._run_logger, None
+        self._close_csv()
+        if run_logger is None:
+            return
+        with self._rank0.step("handing the run over after a reset"):
+            if self._elastic is not None and run_logger.sender.run_id:  # learned after run_wait: keep it
+                self._elastic.agreed_run(run_logger.sender.run_id, self._owns_run)
+            try:
                 run_logger.journal.update_meta(ended=True)  # its run goes on: sync must not end it
+            finally:
                 run_logger.stop(wait=HAND_OVER_WAIT_S)
+
+    def _end_cut_fit(self) -> None:
+        """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
+        run_logger, self._run_logger = self._run_logger, None
+        self._close_csv()
+        if run_logger is not None:
+            with self._rank0.step("ending the previous fit's run"):
+                run_logger.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
 
     def _stop_logging(self) -> None:
         """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
-        run_logger, self._run_logger, self._csv_logger = self._run_logger, None, None
+        run_logger, self._run_logger = self._run_logger, None
         try:
+            self._close_csv()
             if run_logger is not None:
                 run_logger.stop()
         except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
             logger.warning("hvd-mlflow: could not stop the sender cleanly: %s", error)
+
+    def _close_csv(self) -> None:
+        csv, self._csv_logger = self._csv_logger, None
+        if csv is not None:
+            with self._rank0.step("the CSV file"):
+                csv.on_train_end()
 
     # -- rank 0 --------------------------------------------------------------------------------------
     def _start_logging(self) -> None:
@@ -336,7 +387,7 @@ class HorovodMlflowCallback:
         """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""
         seconds = time.perf_counter() - self._epoch_start
         out = {"epoch_time_s": seconds}
-        samples = self._reducer.train_samples
+        samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
         if samples and seconds > 0:
             out["samples_per_s"] = samples / seconds
         return out

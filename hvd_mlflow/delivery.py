@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import batching
@@ -58,10 +58,13 @@ def is_permanent(error: BaseException) -> bool:
 class Uploader:
     """Delivers one journal to one tracking server through an ``MlflowClient``."""
 
-    def __init__(self, journal: Journal, client: Any, limits: Limits) -> None:
+    def __init__(
+        self, journal: Journal, client: Any, limits: Limits, should_stop: Callable[[], bool] = lambda: False
+    ) -> None:
         self.journal = journal
         self.client = client
         self.limits = limits
+        self._should_stop = should_stop  # checked between requests: a stopped sender sends nothing more
         self.meta: JournalMeta = journal.meta()
         # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
         self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
@@ -137,6 +140,8 @@ class Uploader:
             self._existing = self._read_existing(run_id)
         entries = self.journal.pending(_READ_AHEAD)
         for kind, group in _groups(entries, self._isolate):
+            if self._should_stop():
+                return settled
             try:
                 if kind == "metrics":
                     settled += self._send_metrics(run_id, group)
@@ -270,6 +275,8 @@ class Uploader:
         for request in batching.metric_requests(
             records, self.limits.metrics_per_request, self.limits.values_per_key_per_request
         ):
+            if self._should_stop():
+                break
             seqs = [e.seq for e in group[done : done + request.completes]]
             if request.points:
                 self._unsure = (seqs, request.points[-1])

@@ -21,10 +21,12 @@ On rank 0 the variable is put back after each ``start_run``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import topology
@@ -56,9 +58,25 @@ def _patch(owner: object, name: str, replacement: Callable[..., Any]) -> None:
     setattr(owner, name, replacement)
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def internal() -> Iterator[None]:
+    """hvd-mlflow's own MLflow calls in this thread (rank 0's sender, its model upload) pass the guard: after an
+    elastic reset a process that was rank 0 may still be finishing a request, and must not have it silenced
+    while it believes it was sent."""
+    _local.internal = True
+    try:
+        yield
+    finally:
+        _local.internal = False
+
+
 def _writes_here() -> bool:
-    """Whether this process is rank 0 now: asked at each call, since an elastic reset can make rank 1 rank 0."""
-    return topology.current().rank == 0
+    """Whether this process writes now: rank 0, asked at each call (an elastic reset can make rank 1 rank 0), or
+    hvd-mlflow's own sender."""
+    return getattr(_local, "internal", False) or topology.current().rank == 0
 
 
 def _warn(name: str) -> None:

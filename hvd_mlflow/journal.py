@@ -154,7 +154,7 @@ class Journal(Protocol):
     def append(
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int: ...
-    def pending(self, limit: int = 1000) -> list[Entry]: ...
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]: ...
     def count(self, state: int = PENDING) -> int: ...
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None: ...
     def close(self) -> None: ...
@@ -269,12 +269,20 @@ class FileJournal:
             )
         return int(cursor.lastrowid)
 
-    def pending(self, limit: int = 1000) -> list[Entry]:
-        """Up to ``limit`` unacknowledged entries, oldest first."""
-        rows = self._db.execute(
-            "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? ORDER BY seq LIMIT ?",
-            (PENDING, limit),
-        )
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
+        """Up to ``limit`` unacknowledged entries (of ``kinds``, if given), oldest first."""
+        if kinds is None:
+            rows = self._db.execute(
+                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? ORDER BY seq LIMIT ?",
+                (PENDING, limit),
+            )
+        else:
+            marks = ",".join("?" * len(kinds))
+            rows = self._db.execute(
+                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND kind IN "
+                f"({marks}) ORDER BY seq LIMIT ?",
+                (PENDING, *kinds, limit),
+            )
         return [Entry(seq, kind, step, ts, json.loads(payload)) for seq, kind, step, ts, payload in rows]
 
     def count(self, state: int = PENDING) -> int:
@@ -356,9 +364,15 @@ class MemoryJournal:
                 self.dropped_points += n
         return entry.seq
 
-    def pending(self, limit: int = 1000) -> list[Entry]:
+    def continue_after(self, seq: int) -> None:
+        """Hand out sequence numbers after ``seq`` (those a file journal it continues may have used)."""
         with self._lock:
-            return [entry for entry, _ in list(self._entries.values())[:limit]]
+            self._next = max(self._next, seq + 1)
+
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
+        with self._lock:
+            entries = [entry for entry, _ in self._entries.values() if kinds is None or entry.kind in kinds]
+            return entries[:limit]
 
     def count(self, state: int = PENDING) -> int:
         with self._lock:
@@ -390,7 +404,9 @@ class LiveJournal:
         self._lock = threading.RLock()
         self.file: FileJournal | None = journal if isinstance(journal, FileJournal) else None
         self.fallback_reason: str | None = None
-        self._last_meta = JournalMeta()
+        self._last_meta = journal.meta()
+        self._last_seq = 0  # the highest sequence number handed out: a memory journal continues after it
+        self._released = False
 
     @classmethod
     def open_new(cls, directory: Path, meta: JournalMeta) -> LiveJournal:
@@ -424,8 +440,10 @@ class LiveJournal:
         current = self._current
         return current.dropped_points if isinstance(current, MemoryJournal) else 0
 
-    def _write(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
+            if self._released:
+                raise RuntimeError("hvd-mlflow: this journal was released (its sender ended)")
             try:
                 return getattr(self._current, method)(*args, **kwargs)
             except STORAGE_ERRORS as error:
@@ -441,7 +459,9 @@ class LiveJournal:
             meta = file.meta()
         except STORAGE_ERRORS:
             meta = self._last_meta
-        self._current = MemoryJournal.taking_over(file, meta)
+        memory = MemoryJournal.taking_over(file, meta)
+        memory.continue_after(self._last_seq)
+        self._current = memory
         self.fallback_reason = f"{type(error).__name__}: {error}"
         logger.warning(
             "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
@@ -453,36 +473,38 @@ class LiveJournal:
         )
 
     def meta(self) -> JournalMeta:
-        with self._lock:
-            meta = self._current.meta()
-            self._last_meta = meta
-            return meta
+        meta = self._call("meta")
+        self._last_meta = meta
+        return meta
 
     def update_meta(self, **changes: Any) -> JournalMeta:
-        meta = self._write("update_meta", **changes)
+        meta = self._call("update_meta", **changes)
         self._last_meta = meta
         return meta
 
     def append(
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int:
-        return self._write("append", kind, payload, step=step, timestamp_ms=timestamp_ms)
+        seq = self._call("append", kind, payload, step=step, timestamp_ms=timestamp_ms)
+        self._last_seq = max(self._last_seq, seq)
+        return seq
 
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
-        self._write("acknowledge", list(seqs), state=state)
+        self._call("acknowledge", list(seqs), state=state)
 
-    def pending(self, limit: int = 1000) -> list[Entry]:
-        with self._lock:
-            return self._current.pending(limit)
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
+        return self._call("pending", limit, kinds=kinds)
 
     def count(self, state: int = PENDING) -> int:
-        with self._lock:
-            return self._current.count(state)
+        return self._call("count", state)
 
     def release(self, delete: bool = False) -> None:
         """Close the file, which releases its writer lock (``sync`` may take over); ``delete``: remove it, when
-        everything it held was delivered."""
+        everything it held was delivered. Idempotent; the journal is not used after this."""
         with self._lock:
+            if self._released:
+                return
+            self._released = True
             if self.file is None:
                 return
             current = self._current
@@ -490,7 +512,6 @@ class LiveJournal:
                 self.file.delete()
             else:
                 self.file.close()
-            self.file = None
 
 
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)

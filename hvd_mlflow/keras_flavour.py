@@ -76,12 +76,6 @@ def is_keras3(flavour: str) -> bool:
     return flavour == "keras" and version(flavour).split(".", 1)[0] == "3"
 
 
-def batch_index_is_first(flavour: str) -> bool:
-    """Whether ``on_train_batch_end(batch)`` gets the index of the first batch of an execution (Keras 3, when the
-    epoch's length is known), not of the last one (tf_keras, Keras 2): it differs with ``steps_per_execution``."""
-    return is_keras3(flavour)
-
-
 def steps_per_execution(model: object) -> int:
     """How many batches Keras runs between two calls of the batch hooks (``compile(steps_per_execution=...)``)."""
     value = getattr(model, "steps_per_execution", None)  # Keras 3: an int
@@ -91,6 +85,11 @@ def steps_per_execution(model: object) -> int:
         return max(1, int(value.numpy() if hasattr(value, "numpy") else value))
     except (TypeError, ValueError):
         return 1
+
+
+def steps_per_execution_is_tuned(model: object) -> bool:
+    """``compile(steps_per_execution="auto")`` (tf_keras / Keras 2): each rank tunes it on its own clock."""
+    return bool(getattr(model, "_autotune_steps_per_execution", False))
 
 
 def csv_logger(flavour: str, path: str, append: bool) -> object:

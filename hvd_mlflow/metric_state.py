@@ -70,7 +70,8 @@ def _numpy(variable: Any) -> np.ndarray:
     return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
-def _samples(model: Any) -> float:
+def samples(model: Any) -> float:
+    """How many samples the model's metrics cover now (the loss tracker's count), 1 if unknown."""
     for metric in leaf_metrics(model):
         if metric.name == "loss" and hasattr(metric, "count"):
             return float(_numpy(metric.count))
@@ -100,7 +101,7 @@ def capture(model: Any, prefix: str) -> MetricState | None:
                 variable.assign(value)
 
     flat = np.concatenate([c.astype(np.float64).ravel() for c in current]) if current else np.zeros(0)
-    return MetricState(prefix, flat, _samples(model), compute)
+    return MetricState(prefix, flat, samples(model), compute)
 
 
 def _results(model: Any) -> dict[str, float]:

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from . import guard
 from ._log import logger
 from .redact import redact
 
@@ -44,15 +45,18 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
 
     def upload() -> None:
         try:
-            if folder is not None:
-                from mlflow import MlflowClient
+            with guard.internal():
+                if folder is not None:
+                    from mlflow import MlflowClient
 
-                local = save_locally(model, folder, flavour)
-                MlflowClient().log_artifacts(run_id, str(local), artifact_path=ARTIFACT_PATH)
-            else:
-                import mlflow.tensorflow
+                    local = save_locally(model, folder, flavour)
+                    MlflowClient().log_artifacts(run_id, str(local), artifact_path=ARTIFACT_PATH)
+                else:
+                    import mlflow.tensorflow
 
-                mlflow.tensorflow.log_model(model, name=ARTIFACT_PATH, run_id=run_id, pip_requirements=_requirements())
+                    mlflow.tensorflow.log_model(
+                        model, name=ARTIFACT_PATH, run_id=run_id, pip_requirements=_requirements()
+                    )
             outcome["done"] = True
         except Exception as error:  # noqa: BLE001 - reported below; the training is over and kept
             outcome["error"] = error

@@ -30,7 +30,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from ._log import warn_once
+from ._log import logger
 from .redact import redact
 
 TESTING_VARIABLE = "HVD_MLFLOW_TESTING"
@@ -55,6 +55,7 @@ class RankZeroGuard:
 
     def __init__(self, logging_off: Callable[[], None]) -> None:
         self._logging_off = logging_off
+        self._said: set[str] = set()  # one warning per step and error type, per fit
         self.failed: list[str] = []  # the steps that failed, in order (for tests and doctor-style reports)
 
     @contextlib.contextmanager
@@ -65,18 +66,31 @@ class RankZeroGuard:
             if is_testing():
                 raise
             self.failed.append(name)
-            consequence = (
-                "MLflow logging is off for the rest of this fit (what was journaled stays for hvd-mlflow sync)"
-                if essential
-                else "it is not logged; everything else is"
-            )
-            warn_once(
-                f"rank0:{name}:{type(error).__name__}",
-                "hvd-mlflow: %s failed on rank 0 (%s: %s); %s. Training goes on.",
-                name,
-                type(error).__name__,
-                redact(str(error))[:300],
-                consequence,
-            )
+            self._warn(name, error, essential)
             if essential:
-                self._logging_off()
+                try:
+                    self._logging_off()
+                except Exception:  # noqa: BLE001 - logging is off either way
+                    logger.debug("hvd-mlflow: turning logging off failed too", exc_info=True)
+
+    def _warn(self, name: str, error: BaseException, essential: bool) -> None:
+        key = f"{name}:{type(error).__name__}"
+        if key in self._said:
+            return
+        self._said.add(key)
+        try:
+            detail = redact(str(error))[:300]
+        except Exception:  # noqa: BLE001 - an error whose str() fails still gets its warning
+            detail = "(no message)"
+        consequence = (
+            "MLflow logging is off for the rest of this fit (what was journaled stays for hvd-mlflow sync)"
+            if essential
+            else "it is not logged; everything else is"
+        )
+        logger.warning(
+            "hvd-mlflow: %s failed on rank 0 (%s: %s); %s. Training goes on.",
+            name,
+            type(error).__name__,
+            detail,
+            consequence,
+        )

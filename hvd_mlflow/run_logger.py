@@ -58,9 +58,13 @@ class RunLogger:
             run_tags=_context_tags(),
         )
         self.journal = LiveJournal.open_new(journal_dir, meta)
-        self.sender = Sender(self.journal, dest.tracking_uri, self.limits)
-        if run_tags:
-            self.log_tags(run_tags)
+        try:
+            self.sender = Sender(self.journal, dest.tracking_uri, self.limits)
+            if run_tags:
+                self.log_tags(run_tags)
+        except BaseException:
+            self.journal.release()  # its writer lock must not outlive this failure
+            raise
 
     def start(self) -> None:
         self.sender.start()
@@ -119,6 +123,10 @@ class RunLogger:
     @property
     def server_down(self) -> bool:
         return self.sender.server_down()
+
+    def record_outcome(self, status: str) -> None:
+        """The training's outcome, in the journal: ``sync`` ends a run hvd-mlflow created with it."""
+        self.journal.update_meta(final_status=status)
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the outcome (``None``: leave the run open), deliver until ``deadline``; True if all was."""

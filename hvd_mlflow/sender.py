@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
+from . import guard
 from ._log import logger
 from .delivery import Uploader, http_status, is_permanent
 from .journal import LiveJournal
@@ -30,7 +31,7 @@ OPEN_AFTER_FAILURES = 3
 MIN_SEND_INTERVAL_S = 0.5
 # The server is known not to answer when the circuit is open, or when it has never answered this sender and
 # its request has been waiting this long. Then the end of ``fit`` waits only DOWN_GRACE_S more.
-UNANSWERED_S = 5.0
+UNANSWERED_S = 10.0
 DOWN_GRACE_S = 3.0
 
 
@@ -124,26 +125,30 @@ class Sender:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
         ``deadline`` (``time.monotonic()``), or :data:`DOWN_GRACE_S` once the server is known down; then stop.
         True if everything was delivered."""
-        if status:
-            self.journal.update_meta(final_status=status)
-        else:  # leave the run as it is: nothing to end once delivered
-            self.journal.update_meta(ended=True)
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        waited_down_since: float | None = None
+        try:
+            if status:
+                self.journal.update_meta(final_status=status)
+            else:  # leave the run as it is: nothing to end once delivered
+                self.journal.update_meta(ended=True)
+        finally:
+            with self._cond:
+                self._closing = True
+                self._backoff.retry_at = 0.0  # one attempt now, whatever the backoff said
+                self._cond.notify()
+        down_since: float | None = None
         while self._thread.is_alive():
             now = time.monotonic()
-            if waited_down_since is None and self.server_down():
-                waited_down_since = now
-                deadline = min(deadline, now + DOWN_GRACE_S)
-            if now >= deadline:
+            down_since = (down_since or now) if self.server_down() else None
+            limit = deadline if down_since is None else min(deadline, down_since + DOWN_GRACE_S)
+            if now >= limit:
                 break
-            self._thread.join(min(0.2, deadline - now))
+            self._thread.join(min(0.2, limit - now))
         if not self._thread.is_alive() and self.delivered_all:
+            self._release()
             return True
+        left = self.journal.count()
         self.stop(wait=0)
-        self._warn_undelivered(status)
+        self._warn_undelivered(left)
         return False
 
     def stop(self, wait: float = 0.0) -> None:
@@ -153,11 +158,13 @@ class Sender:
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join(wait)
-        elif self._thread.ident is None:  # never started: nothing else will release the journal
-            self.journal.release()
+        if not self._thread.is_alive():  # ended (or never started): nothing else will release the journal
+            self._release()
 
-    def _warn_undelivered(self, status: str | None) -> None:
-        left = self.journal.count()
+    def _release(self) -> None:
+        self.journal.release(delete=self.delivered_all)
+
+    def _warn_undelivered(self, left: int) -> None:
         if self.journal.in_memory:
             dropped = self.journal.dropped_points
             where = "The journal was in memory only (no writable journal directory): they are lost" + (
@@ -181,21 +188,26 @@ class Sender:
         try:
             from mlflow import MlflowClient
 
-            client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
-            uploader = Uploader(self.journal, client, self._limits)
-            while self._deliver_once(uploader):
-                pass
+            with guard.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
+                client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
+                uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping)
+                while self._deliver_once(uploader):
+                    pass
         except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training
             logger.warning("hvd-mlflow: the sender stopped: %s: %s", type(error).__name__, redact(str(error))[:300])
         finally:
             self._request_since = None
-            self.journal.release(delete=self.delivered_all)
+            if self._closing or self._stopping:  # else the training thread still journals: close() releases
+                self._release()
 
     def _deliver_once(self, uploader: Uploader) -> bool:
         """Wait for work, upload what is pending; False when the thread should end."""
         with self._cond:
-            while not self._stopping and not ((self._wake or self._closing) and self._pause() == 0):
-                self._cond.wait(self._pause() or None)
+            while not self._stopping:
+                pause = self._pause()
+                if (self._wake or self._closing) and pause == 0:
+                    break
+                self._cond.wait(pause if pause > 0 else None)
             if self._stopping:
                 return False
             self._wake = False

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support import launch
 from tests.support.checks import report
+from tests.support.proxy import Proxy
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
@@ -27,17 +28,19 @@ EPOCHS, KILL_AT = 8, 2
 WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 
-def elastic_training(tmp_path, mlflow_server, keras_mode, *extra: str) -> tuple[str, str, float]:
-    """Run the elastic worker (2 processes, min 1); return its output, the experiment name and the seconds."""
+def elastic_training(
+    tmp_path, tracking_uri: str, keras_mode, *extra: str, np: int = 2, discover_script: str = ""
+) -> tuple[str, str, float]:
+    """Run the elastic worker (``np`` processes, min 1, max 2); return its output, the experiment name, the seconds."""
     import keras
 
     if keras_mode == "keras" and int(keras.__version__.split(".")[0]) >= 3:
         pytest.skip("Horovod's elastic Keras state does not work with Keras 3 (use TF_USE_LEGACY_KERAS=1)")
     discover = tmp_path / "discover.sh"
-    discover.write_text("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+    discover.write_text(discover_script or "#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
     discover.chmod(0o755)
     command = [
-        str(launch.BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
+        str(launch.BIN / "horovodrun"), "-np", str(np), "--min-np", "1", "--max-np", "2",
         "--host-discovery-script", str(discover), "--network-interface", "lo", "--gloo",
         sys.executable, str(WORKER), "--out", str(tmp_path), "--epochs", str(EPOCHS), "--kill-at", str(KILL_AT),
         *extra,
@@ -45,7 +48,7 @@ def elastic_training(tmp_path, mlflow_server, keras_mode, *extra: str) -> tuple[
     experiment = f"elastic-{uuid.uuid4().hex[:8]}"  # its own experiment: the only run there is this training's
     env = launch._env(
         {
-            "MLFLOW_TRACKING_URI": mlflow_server.url,
+            "MLFLOW_TRACKING_URI": tracking_uri,
             "MLFLOW_EXPERIMENT_NAME": experiment,
             "HOROVOD_ELASTIC_TIMEOUT": "60",
         }
@@ -84,7 +87,7 @@ def assert_every_epoch_once(client, experiment: str, by_epoch: dict[int, list[di
 
 
 def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
-    output, experiment, seconds = elastic_training(tmp_path, mlflow_server, keras_mode)
+    output, experiment, seconds = elastic_training(tmp_path, mlflow_server.url, keras_mode)
     by_epoch = epochs_by_global_epoch(tmp_path)
     assert sorted(by_epoch) == list(range(EPOCHS)), sorted(by_epoch)  # the survivors finished the training
     assert all(by_epoch[e][0]["size"] == 2 for e in range(KILL_AT + 1))  # before the kill: 2 ranks
@@ -101,16 +104,24 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
 
 
 def test_rank0_survives_a_reset_its_old_sender_ends_and_nothing_is_doubled(tmp_path, mlflow_server, client, keras_mode):
-    """Rank 1 dies; rank 0 survives the reset and stays rank 0. Its sender of the cut fit must end (no thread
-    left spinning), the restarted fit logs on into the same run, and the run is FINISHED, not FAILED."""
+    """Rank 1 dies; rank 0 survives the reset (a TensorFlow UnknownError inside fit, which Horovod's elastic run
+    turns into a reset) and stays rank 0. Its sender of the cut fit must end (no thread left running), the run is
+    never ended FAILED, the restarted fit logs on into the same run, and the run ends FINISHED once.
+
+    (A reset by a host added through the discovery script is not tested: on one machine Horovod 0.28.1 hangs in
+    it without hvd-mlflow too. tests/unit/test_sender.py covers its path: a sender closed without a status ends.)"""
     idle = 10.0
-    output, experiment, seconds = elastic_training(
-        tmp_path, mlflow_server, keras_mode, "--kill-start-rank", "1", "--idle-probe", str(idle)
-    )
+    with Proxy(mlflow_server.url) as proxy:
+        output, experiment, seconds = elastic_training(
+            tmp_path, proxy.url, keras_mode, "--kill-start-rank", "1", "--idle-probe", str(idle)
+        )
+        updates = [r.json() for r in proxy.requests if r.path.split("?")[0].endswith("/runs/update")]
     by_epoch = epochs_by_global_epoch(tmp_path)
     assert sorted(by_epoch) == list(range(EPOCHS))
     assert all(group[0]["rank"] == 0 for group in by_epoch.values())  # the same process was rank 0 throughout
+    assert sorted({line["size"] for group in by_epoch.values() for line in group}) == [1, 2]  # a reset happened
     assert_every_epoch_once(client, experiment, by_epoch)
+    assert [u.get("status") for u in updates] == ["FINISHED"], updates  # never FAILED, ended once
     [done] = [json.loads(p.read_text()) for p in tmp_path.glob("done-*.json")]
     cpu = done["idle_cpu"]
     report("elastic_rank0_survives", idle_cpu_after_reset=round(cpu["after_reset"], 4),

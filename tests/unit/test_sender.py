@@ -1,6 +1,49 @@
+"""The sender thread's life: it always ends, never spins, stops sending when told, waits little for a dead server.
+
+The client is a fake (only the calls the uploader makes), so what is tested is the thread and its clock."""
+
 from __future__ import annotations
 
-from hvd_mlflow.sender import Backoff
+import threading
+import time
+
+import pytest
+
+from hvd_mlflow import sender as sender_module
+from hvd_mlflow.journal import FileJournal, JournalMeta, LiveJournal
+from hvd_mlflow.limits import MLFLOW
+from hvd_mlflow.sender import Backoff, Sender
+
+
+class FakeClient:
+    """Answers log_batch after ``delay`` seconds (or never, while ``blocked`` is set); records every call."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls: list[str] = []
+        self.blocked = threading.Event()
+        self.release = threading.Event()
+
+    def log_batch(self, run_id, metrics=(), params=(), tags=(), **kwargs):
+        self.calls.append("log_batch")
+        if self.blocked.is_set():
+            self.release.wait(30)
+        time.sleep(self.delay)
+
+    def get_run(self, run_id):
+        raise AssertionError("not asked in these tests (resume='log')")
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    client = FakeClient()
+    monkeypatch.setattr("mlflow.MlflowClient", lambda uri: client)
+    return client
+
+
+def make_sender(tmp_path) -> Sender:
+    meta = JournalMeta.new(tracking_uri="http://fake", run_id="run-1", resume="log")
+    return Sender(LiveJournal(FileJournal.create(tmp_path, meta)), "http://fake", MLFLOW)
 
 
 def test_backoff_grows_and_opens_the_circuit():
@@ -8,3 +51,60 @@ def test_backoff_grows_and_opens_the_circuit():
     assert [backoff.failed() for _ in range(5)] == [1, 2, 4, 8, 8]
     assert backoff.is_open
     assert backoff.succeeded() is True and not backoff.is_open and backoff.wait_time() == 0
+
+
+def test_closed_without_a_status_the_thread_ends_and_does_not_spin(tmp_path, fake):
+    """An elastic reset closes a sender with no outcome (the run goes on): it delivers, then ends."""
+    sender = make_sender(tmp_path)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    cpu = time.thread_time()
+    assert sender.close(None, deadline=time.monotonic() + 10) is True
+    assert not sender.alive and fake.calls == ["log_batch"]
+    assert time.thread_time() - cpu < 1.0
+
+
+def test_after_the_deadline_it_stops_and_sends_nothing_more(tmp_path, fake):
+    sender = make_sender(tmp_path)
+    fake.blocked.set()  # the server holds the request (MLflow's own retries, a slow server)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    while not fake.calls:
+        time.sleep(0.01)
+    sender.journal.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=2)
+    start = time.monotonic()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 1.0) is False
+    assert time.monotonic() - start < 1.5
+    fake.release.set()  # the request in flight returns...
+    for _ in range(100):
+        if not sender.alive:
+            break
+        time.sleep(0.05)
+    assert not sender.alive and fake.calls == ["log_batch"]  # ...and the thread ends without another request
+
+
+def test_a_server_that_never_answered_costs_the_end_of_fit_a_few_seconds(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(sender_module, "UNANSWERED_S", 0.5)
+    monkeypatch.setattr(sender_module, "DOWN_GRACE_S", 0.5)
+    sender = make_sender(tmp_path)
+    fake.blocked.set()
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    time.sleep(0.7)  # the first request has waited longer than UNANSWERED_S: the server is known down
+    assert sender.server_down()
+    start = time.monotonic()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
+    assert time.monotonic() - start < 1.5  # not the 60 s of flush_timeout
+    fake.release.set()
+
+
+def test_a_sender_that_never_started_releases_its_journal(tmp_path, fake):
+    sender = make_sender(tmp_path)
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    path = sender.journal.file.path
+    assert sender.close("FINISHED", deadline=time.monotonic() + 0.1) is False
+    again = FileJournal.open(path)
+    assert again.take_over() and again.count() == 1 and again.meta().final_status == "FINISHED"

@@ -4,7 +4,8 @@ Each process appends, per epoch it completes, a line to ``epochs-<pid>.jsonl`` i
 state's epoch (the global epoch), this process's rank and the world size then, Keras' local logs (recorded
 before any callback runs) and the logs after every callback (the global values). The process that starts as
 rank ``--kill-start-rank`` (default 0) SIGKILLs itself at the end of global epoch ``--kill-at``, after every
-callback (the commit included). With ``--idle-probe S``, a survivor measures its own CPU time over S idle seconds
+callback (the commit included).
+With ``--idle-probe S``, a survivor measures its own CPU time over S idle seconds
 right after the reset (at the restarted fit's train begin) and after the training, into ``done-<pid>.json``.
 """
 
