@@ -106,6 +106,7 @@ class Reducer:
         self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
         self.spread: dict[str, float] = {}  # after reduce(): "<key>_rank_min"/"_rank_max" of the spread keys
         self.carried: dict[str, float] = {}  # after reduce(): the sums over ranks of what each rank carried
+        self.inexact: set[str] = set()  # after reduce() with exact: keys whose value is the weighted mean
 
     def reduce(
         self,
@@ -113,10 +114,12 @@ class Reducer:
         tag: str,
         states: Sequence[MetricState] = (),
         carry: Mapping[str, float] | None = None,
+        not_additive: Iterable[str] = (),
     ) -> dict[str, float]:
         """Global values of ``values``; ``tag`` names the collective (the same on every rank). ``carry``: more
         numbers summed over ranks in the same collective (in :attr:`carried` afterwards), e.g. rank 0's optimizer
-        step, which the others carry as 0: a value every rank then agrees on."""
+        step, which the others carry as 0: a value every rank then agrees on. ``not_additive``: result keys
+        (with their prefix) that come from a state that does not add up: weighted, never computed from the sum."""
         keys = list(values)
         carry = dict(carry or {})
         states = list(states) if self.mode != "mean" else []
@@ -155,7 +158,7 @@ class Reducer:
         for key in spread:
             column = per_rank[:, keys.index(key)]
             self.spread.update({f"{key}_rank_min": float(column.min()), f"{key}_rank_max": float(column.max())})
-        return self._finish(keys, total, states)
+        return self._finish(keys, total, states, set(not_additive))
 
     def _gather(
         self, vector: np.ndarray, keys: list[str], layout: list[str], tag: str
@@ -172,7 +175,9 @@ class Reducer:
         per_rank = np.stack(rows)
         return per_rank.sum(axis=0), per_rank
 
-    def _finish(self, keys: list[str], total: np.ndarray, states: list[MetricState]) -> dict[str, float]:
+    def _finish(
+        self, keys: list[str], total: np.ndarray, states: list[MetricState], not_additive: set[str]
+    ) -> dict[str, float]:
         n = len(keys)
         if self.mode == "mean":
             return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}
@@ -184,11 +189,15 @@ class Reducer:
             for i, key in enumerate(keys)
         }
         if self.mode == "exact":
+            exact: set[str] = set()
             offset = 3 * n
             for state in states:
                 summed = total[offset : offset + state.values.size]
                 offset += state.values.size
-                out.update({k: v for k, v in state.compute(summed).items() if k in out})
+                computed = {k: v for k, v in state.compute(summed).items() if k in out and k not in not_additive}
+                out.update(computed)
+                exact.update(computed)
+            self.inexact = set(out) - exact
         return out
 
     def _raise_if_layouts_differ(self, keys: list[str], layout: list[str], tag: str) -> None:

@@ -147,6 +147,7 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
         given = bound.arguments.get("callbacks")
         if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
             return original(self, *args, **kwargs)
+        _refuse_empty_validation(bound.arguments.get("validation_data"))
         try:  # the same on every rank: it either works everywhere or fails everywhere, before any collective
             callback = HorovodMlflowCallback(
                 model=self,
@@ -175,6 +176,22 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
+
+
+def _refuse_empty_validation(validation_data: Any) -> None:
+    """Keras cannot evaluate an empty validation set (Keras 3.3 fails with an AttributeError in the middle of
+    the first epoch, on that rank alone): say it clearly, before training."""
+    if isinstance(validation_data, tuple | list) and validation_data:
+        first = validation_data[0]
+        length = len(first) if hasattr(first, "__len__") and not isinstance(first, dict) else None
+        if isinstance(first, dict) and first:
+            length = len(next(iter(first.values())))
+        if length == 0:
+            raise HvdMlflowError(
+                f"hvd-mlflow: this rank's (rank {topology.current().rank}) validation data is empty; Keras cannot "
+                "evaluate an empty set, so every rank needs at least one validation sample (shard the validation "
+                "data so that no rank gets none, or pass no validation_data)"
+            )
 
 
 def _callbacks_in(given: Any) -> list[Any]:

@@ -11,11 +11,9 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TypeVar
 
-T = TypeVar("T")
+from .limits import MLFLOW
 
-MAX_METRICS_PER_REQUEST = 1000
-MAX_PARAMS_TAGS_PER_REQUEST = 100
-MAX_VALUES_PER_KEY = 250
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +36,8 @@ class MetricsRequest:
 
 def metric_requests(
     records: Sequence[EpochRecord],
-    max_metrics: int = MAX_METRICS_PER_REQUEST,
-    max_values_per_key: int = MAX_VALUES_PER_KEY,
+    max_metrics: int = MLFLOW.metrics_per_request,
+    max_values_per_key: int = MLFLOW.values_per_key_per_request,
 ) -> Iterator[MetricsRequest]:
     """Requests that deliver ``records`` in order, within the limits."""
     points: list[tuple[str, float, int, int]] = []
@@ -63,7 +61,7 @@ def metric_requests(
         yield MetricsRequest(points, completes)
 
 
-def chunks(items: Sequence[T], size: int = MAX_PARAMS_TAGS_PER_REQUEST) -> Iterator[list[T]]:
+def chunks(items: Sequence[T], size: int = MLFLOW.params_tags_per_request) -> Iterator[list[T]]:
     """``items`` in lists of at most ``size``."""
     for start in range(0, len(items), size):
         yield list(items[start : start + size])

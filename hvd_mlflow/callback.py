@@ -42,6 +42,7 @@ from .run_logger import RunLogger
 
 _concrete_classes: dict[str, type] = {}
 HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
+INEXACT_TAG = "hvd_mlflow.inexact_keys"  # which logged values are the sample-weighted mean, not exact
 
 
 class HorovodMlflowCallback:
@@ -117,6 +118,8 @@ class HorovodMlflowCallback:
         self._clock = BatchClock(0, self.options.log_every_n_steps)
         self._train_state: metric_state.MetricState | None = None
         self._train_samples = 0.0  # reduction="mean": this rank's training samples, kept before validation
+        self._not_additive: set[str] | None = None  # result keys of metrics whose state does not add up
+        self._inexact_logged: set[str] = set()
         self._validating = False
         self._params_logged = bool(self._elastic and self._elastic.link.params_logged)
         self._owns_run = False
@@ -146,23 +149,23 @@ class HorovodMlflowCallback:
         self._comm = collectives.current()
         self._finished = False
         self._begin_fit_state()
-        first_step = 0
+        first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:
             with self._rank0.step("opening the run and the journal", essential=True):
                 self._start_logging()
             with self._rank0.step("reading the optimizer's step"):
                 first_step = run_params.optimizer_iterations(self.model) or 0
-            if self.options.reduction == "exact":
-                with self._rank0.step("checking the metrics"):
-                    self._warn_non_additive()
+            if self._logging and every:
+                with self._rank0.step("planning the batch curves"):
+                    every = self._within_row_limit(every)
         tuned = keras_flavour.steps_per_execution_is_tuned(self.model)  # compile arguments: alike on every rank
         per_execution = keras_flavour.steps_per_execution(self.model)
         shape = (*self.options.collective(), ("steps_per_execution", "auto" if tuned else per_execution))
-        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, shape))
+        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, shape, every))
         self.run_id = plan.run_id
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
-        every = self.options.log_every_n_steps
+        every = plan.log_every_n_steps
         if every and tuned:  # each rank would tune it on its own clock: the batch indices would differ
             every = 0
             if self._comm.rank == 0:
@@ -191,7 +194,9 @@ class HorovodMlflowCallback:
         if step is None:
             return
         states = [metric_state.capture(self.model, prefix="")] if self.options.reduction != "mean" else []
-        global_values = self._reducer.reduce(numeric_entries(logs or {}), tag="batch", states=_present(states))
+        global_values = self._reducer.reduce(
+            numeric_entries(logs or {}), tag="batch", states=_present(states), not_additive=self._not_additive_keys()
+        )
         write_back(logs if logs is not None else {}, global_values)
         values = {f"batch/{k}": v for k, v in {**global_values, **self._reducer.spread}.items()}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
@@ -234,7 +239,11 @@ class HorovodMlflowCallback:
                 else [metric_state.capture(self.model, prefix="")]
             )
         global_values = self._reducer.reduce(
-            numeric_entries(logs), tag="epoch", states=_present(states), carry=self._epoch_carry()
+            numeric_entries(logs),
+            tag="epoch",
+            states=_present(states),
+            carry=self._epoch_carry(),
+            not_additive=self._not_additive_keys(),
         )
         write_back(logs, global_values)
         rank0_step = self._reducer.carried.get("rank0_step", math.nan)
@@ -243,6 +252,9 @@ class HorovodMlflowCallback:
         values = {**global_values, **self._reducer.spread}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
+        if self._logging and self._reducer.inexact - self._inexact_logged:
+            with self._rank0.step("recording which values are not exact"):
+                self._record_inexact()
         if self._logging:
             with self._rank0.step("the epoch time and throughput"):
                 for key, value in self._timing().items():
@@ -260,6 +272,14 @@ class HorovodMlflowCallback:
             if self._csv_logger is not None:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)
+
+    def _not_additive_keys(self) -> set[str]:
+        """The result keys (train and ``val_``) of metrics whose state does not add up: found once per fit, when
+        the metrics are built, on every rank alike (from the model)."""
+        if self._not_additive is None:
+            keys = metric_state.inexact_keys(self.model) if self.options.reduction == "exact" else set()
+            self._not_additive = keys | {f"val_{k}" for k in keys}
+        return self._not_additive
 
     def _epoch_carry(self) -> dict[str, float]:
         """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
@@ -354,7 +374,14 @@ class HorovodMlflowCallback:
         directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
         self._owns_run = dest.run_id is None or bool(link and link.owns_run)
         self._run_logger = RunLogger(
-            dest, directory, run_tags=tags, resume=self.options.resume, owns_run=self._owns_run, elastic=bool(link)
+            dest,
+            directory,
+            run_tags=tags,
+            resume=self.options.resume,
+            owns_run=self._owns_run,
+            elastic=bool(link),
+            max_metric_names=self.options.max_metric_names,
+            max_rows_per_metric=self.options.max_rows_per_metric,
         )
         self.run_id = dest.run_id
         if dest.run_id is not None:
@@ -370,6 +397,25 @@ class HorovodMlflowCallback:
                 dest.display_uri,
                 self.options.run_wait,
             )
+
+    def _within_row_limit(self, every: int) -> int:
+        """``every``, raised so that this fit's ``batch/`` curves keep within the server's rows per metric."""
+        assert self._run_logger is not None
+        rows = self._run_logger.limits.rows_per_metric
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not (rows and steps and epochs) or epochs * steps // every <= rows:
+            return every
+        raised = -(-epochs * steps // rows)
+        logger.warning(
+            "hvd-mlflow: log_every_n_steps=%d would log %d values of each batch/ curve, over the %d a metric may "
+            "hold here (max_rows_per_metric); logging every %d steps instead",
+            every,
+            epochs * steps // every,
+            rows,
+            raised,
+        )
+        return raised
 
     def _log_params(self, epoch: int) -> None:
         assert self._run_logger is not None
@@ -424,15 +470,24 @@ class HorovodMlflowCallback:
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
         )
 
-    def _warn_non_additive(self) -> None:
-        names = metric_state.non_additive_names(self.model)
-        if names:
+    def _record_inexact(self) -> None:
+        """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""
+        assert self._run_logger is not None
+        inexact = self._reducer.inexact | self._inexact_logged
+        from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
+        if from_metrics and not set(from_metrics) <= self._inexact_logged:
+            names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})
             warn_once(
                 "non-additive:" + ",".join(names),
-                "hvd-mlflow: metric(s) %s have their own update_state/result, so their state may not add up "
-                "over ranks; their global value is the sample-weighted mean instead of the exact value",
+                "hvd-mlflow: metric(s) %s keep a state that may not add up over ranks (their update_state or "
+                "result is your code), so %s are the sample-weighted mean of the ranks' values, not the exact "
+                "value. If the state does add up (counts, sums), declare it: hvd_mlflow_additive = True on the "
+                "metric's class.",
                 ", ".join(names),
+                ", ".join(from_metrics),
             )
+        self._inexact_logged = inexact
+        self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
 
     # -- used by autolog -------------------------------------------------------------------------------
     def _set_fit_arguments(self, batch_size: int | None) -> None:

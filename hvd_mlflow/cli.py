@@ -17,7 +17,32 @@ from . import journal as journal_module
 from ._version import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Every error of every command ends in one line that says what is wrong (and, where known, what to do),
+    never in a Python traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as error:  # noqa: BLE001 - turned into the one-line error below
+            raise click.ClickException(_explain(error)) from None
+
+
+def _explain(error: BaseException) -> str:
+    from .redact import redact
+
+    message = " ".join(redact(str(error)).split())[:500] or type(error).__name__
+    code = getattr(error, "error_code", "")
+    if code == "RESOURCE_DOES_NOT_EXIST" or "not found" in message.lower():
+        return f"{message}; check the id and the tracking server (--tracking-uri or MLFLOW_TRACKING_URI)"
+    if isinstance(error, ValueError | OSError):
+        return message
+    return f"{type(error).__name__}: {message}"
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvd-mlflow")
 @click.option("-v", "--verbose", is_flag=True, help="Say more about what is done.")
 def main(verbose: bool) -> None:
@@ -58,7 +83,8 @@ def sync(journals: tuple[Path, ...], tracking_uri: str | None, keep: bool, force
             click.echo(f"{path}: not uploaded: {redact(str(error))[:500]}", err=True)
     if failures:
         raise click.ClickException(
-            f"{failures} of {len(paths)} journal(s) not fully uploaded; run the same command again"
+            f"{failures} of {len(paths)} journal(s) not fully uploaded (why is said above); nothing is lost: "
+            "run the same command again once that is fixed"
         )
 
 
@@ -69,7 +95,11 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
     from .limits import for_tracking_uri
     from .redact import mask_uri
 
-    journal = journal_module.FileJournal.open(path)
+    try:
+        journal = journal_module.FileJournal.open(path)
+        journal.meta()
+    except journal_module.STORAGE_ERRORS as error:
+        raise ValueError(f"not an hvd-mlflow journal ({error})") from None
     if not journal.take_over() and not force:
         click.echo(f"{path}: skipped, a training still sends from it (its process holds the journal; --force uploads)")
         journal.close()

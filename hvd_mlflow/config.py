@@ -47,6 +47,12 @@ class Options:
         log_models: rank 0 logs the trained model at the end of ``fit``: an MLflow model
             where the server supports logged models, plain artifacts (``model/``) on AzureML. Default: on
             outside AzureML jobs, off inside them (``HVD_MLFLOW_LOG_MODELS=1`` turns it on).
+        max_metric_names: how many metric names a run may hold (default: the server's limit, 50 on AzureML,
+            none elsewhere; 0: no limit). Names that do not fit are not logged as metrics; their values go to a
+            CSV artifact, and one warning names them (see :mod:`hvd_mlflow.metric_budget` for the order).
+        max_rows_per_metric: how many values one metric name may hold (default: the server's limit, 1 million on
+            AzureML; 0: no limit). ``log_every_n_steps`` is raised, with one warning, so that this fit's
+            ``batch/`` curves fit in it.
     """
 
     reduction: str = "exact"
@@ -61,6 +67,8 @@ class Options:
     rank_spread: tuple[str, ...] = ()
     resume: str = "skip"
     log_models: bool | None = None
+    max_metric_names: int | None = None
+    max_rows_per_metric: int | None = None
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:
@@ -82,8 +90,9 @@ class Options:
             raise ValueError(f"reduction={options.reduction!r}: choose one of {', '.join(REDUCTIONS)}")
         if options.resume not in RESUME_POLICIES:
             raise ValueError(f"resume={options.resume!r}: choose one of {', '.join(RESUME_POLICIES)}")
-        if options.log_every_n_steps < 0:
-            raise ValueError(f"log_every_n_steps={options.log_every_n_steps}: give 0 (off) or a positive number")
+        for name in ("log_every_n_steps", "max_metric_names", "max_rows_per_metric"):
+            if (getattr(options, name) or 0) < 0:
+                raise ValueError(f"{name}={getattr(options, name)}: give 0 (off) or a positive number")
         spread = options.rank_spread
         spread = _split(spread) if isinstance(spread, str) else tuple(str(key) for key in spread)
         options = dataclasses.replace(options, rank_spread=spread)
@@ -139,7 +148,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
     try:
         if kind == "float":
             return float(raw)
-        if kind == "int":
+        if kind in ("int", "int | None"):
             return int(raw)
         if kind.startswith("tuple"):
             return _split(raw)

@@ -1,4 +1,4 @@
-"""Upload a journal's pending entries into its MLflow run, idempotently.
+"""Upload a journal's pending entries into its MLflow run, idempotently, within the server's limits.
 
 Used by rank 0's background sender while training runs and by ``hvd-mlflow sync`` afterwards. Every step can
 be repeated without harm:
@@ -12,19 +12,25 @@ be repeated without harm:
 
 Resuming (``resume="skip"``, the default): when the journal's run already existed (a restarted job attaching to
 its run, a second ``fit``, a new rank 0 after an elastic reset, ``sync`` of an old journal), the run is read
-once before anything is sent: a metric point at or below that metric's last logged step is not sent again
-(counted and warned about once), a param equal to the logged one is not sent, and a param whose value changed
-(MLflow refuses to change params) is warned about and logged as the tag ``param_changed.<name>``.
+once before anything is sent (:mod:`hvd_mlflow.run_contents`): a metric point at or below that metric's last
+logged step is not sent again (counted and warned about once), a param equal to the logged one is not sent, and
+params whose value changed (MLflow refuses to change params) go, with one warning, to one JSON artifact.
+
+Per-run limits (AzureML's): metric names within the name budget (:mod:`hvd_mlflow.metric_budget`), the values of
+the others kept for one CSV artifact sent at the end; tags within the tag budget, the others in a JSON artifact.
 
 HTTP retries (408/429/5xx, connection errors, ``Retry-After``) are MLflow's own. An error the server will
-repeat (4xx) is not retried forever: the entry is isolated, marked rejected in the journal, and warned about.
+repeat (4xx) is not retried forever: a refused metrics request is split by key until the refused keys are found
+(every other point goes through; a refused key is not sent again, with one warning quoting the server, and its
+values join the CSV); another refused entry is isolated, marked rejected in the journal, and warned about.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import csv
+import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import batching
@@ -32,11 +38,15 @@ from ._log import logger
 from .batching import EpochRecord
 from .journal import REJECTED, Entry, Journal, JournalMeta
 from .limits import Limits
+from .metric_budget import MetricBudget, is_epoch_name
 from .redact import redact
+from .run_contents import RunContents
 
 JOURNAL_ID_TAG = "hvd_mlflow.journal_id"
 DEFAULT_EXPERIMENT_ID = "0"
 _READ_AHEAD = 2000
+SENT_KINDS = ("params", "tags", "metrics", "artifact")  # what the uploader sends as it goes
+HELD = "over_budget"  # values kept for the over-budget CSV, sent once at the end
 
 
 def http_status(error: BaseException) -> int | None:
@@ -59,18 +69,28 @@ class Uploader:
     """Delivers one journal to one tracking server through an ``MlflowClient``."""
 
     def __init__(
-        self, journal: Journal, client: Any, limits: Limits, should_stop: Callable[[], bool] = lambda: False
+        self,
+        journal: Journal,
+        client: Any,
+        limits: Limits,
+        should_stop: Callable[[], bool] = lambda: False,
+        user_metric_names: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         self.journal = journal
         self.client = client
-        self.limits = limits
-        self._should_stop = should_stop  # checked between requests: a stopped sender sends nothing more
         self.meta: JournalMeta = journal.meta()
+        self.limits = limits.with_options(self.meta.max_metric_names, self.meta.max_rows_per_metric)
+        self._should_stop = should_stop  # checked between requests: a stopped sender sends nothing more
+        self._user_metric_names = user_metric_names  # what the user logs with mlflow.log_metric (rank 0)
         # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
         self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
         self._created_here = False
-        self._existing: _ExistingRun | None = None  # what the run holds: read when attached, then kept up
+        self._existing: RunContents | None = None  # what the run holds: read when attached, then kept up
+        self._budget: MetricBudget | None = None
+        self._refused: dict[str, str] = {}  # metric keys the server refused -> its message
+        self._over_warned: set[str] = set()
+        self._final = False  # nothing more will be journaled: settle what waits for the first epoch
         self.skipped_points = 0
 
     @property
@@ -95,6 +115,7 @@ class Uploader:
         tags = {**self.meta.run_tags, JOURNAL_ID_TAG: journal_id}
         run = self.client.create_run(experiment_id, tags=tags)
         self._created_here = True
+        self._existing = RunContents(skip=self.meta.resume == "skip", tag_keys=set(tags))
         return self._remember_run(run.info.run_id)
 
     def _experiment_id(self) -> str:
@@ -113,9 +134,11 @@ class Uploader:
         return run_id
 
     def finish(self) -> bool:
-        """Once everything is delivered: end the run if hvd-mlflow created it and the training's outcome is
-        known. True when nothing is left to do (``ended``: the run was ended, or is to be left as it is)."""
-        if self.journal.count():
+        """Once everything is delivered: send the over-budget CSV, end the run if hvd-mlflow created it and the
+        training's outcome is known. True when nothing is left to do (``ended``: the run was ended, or is to be
+        left as it is)."""
+        self._final = True
+        if self.journal.pending(1, kinds=SENT_KINDS):
             return False
         self.meta = self.journal.meta()
         if self.meta.ended:
@@ -123,8 +146,10 @@ class Uploader:
         status = self.meta.final_status
         if not status:
             return False
-        if self.meta.created_run and not self.meta.job_mode and self.run_id:
-            _end_run(self.client, self.run_id, status)
+        run_id = self.ensure_run()
+        self._send_held(run_id)
+        if self.meta.created_run and not self.meta.job_mode:
+            _end_run(self.client, run_id, status)
         self.meta = self.journal.update_meta(ended=True)
         return True
 
@@ -138,10 +163,13 @@ class Uploader:
         settled = self._settle_unsure(run_id)
         if self._existing is None:
             self._existing = self._read_existing(run_id)
-        entries = self.journal.pending(_READ_AHEAD)
-        for kind, group in _groups(entries, self._isolate):
+        entries = self.journal.pending(_READ_AHEAD, kinds=SENT_KINDS)
+        budget = self._metric_budget(entries)
+        for kind, group in _groups(entries, self._isolate, self.limits.params_tags_per_request):
             if self._should_stop():
                 return settled
+            if kind == "metrics" and not budget.settled:
+                continue  # the budget is settled at the first epoch end: batch values wait for it
             try:
                 if kind == "metrics":
                     settled += self._send_metrics(run_id, group)
@@ -172,26 +200,120 @@ class Uploader:
             self._isolate = False
         return settled
 
-    def _read_existing(self, run_id: str) -> _ExistingRun:
-        """What the run holds already (nothing when this uploader just created it); policy ``log``: no skipping."""
-        if self.meta.resume != "skip":
-            return _ExistingRun({}, {}, skip=False)
-        if self._created_here:
-            return _ExistingRun({}, {})
-        data = self.client.get_run(run_id).data
-        last_steps = {m.key: m.step for m in getattr(data, "_metric_objs", [])}
-        return _ExistingRun(last_steps, dict(data.params))
+    def _read_existing(self, run_id: str) -> RunContents:
+        """What the run holds already: nothing to read when this uploader created it, nor with ``resume="log"``
+        on a server without per-run limits."""
+        skip = self.meta.resume == "skip"
+        limited = self.limits.metric_names_per_run is not None or self.limits.tags_per_run is not None
+        if self._created_here or not (skip or limited):
+            return RunContents(skip=skip)
+        return RunContents.read(self.client, run_id, skip)
+
+    # -- the metric-name budget --------------------------------------------------------------------------
+    def _metric_budget(self, entries: list[Entry]) -> MetricBudget:
+        """The budget, settled at the first entry with epoch values (or at the end, when none will come)."""
+        if self._budget is None:
+            existing = self._existing.metric_names if self._existing else set()
+            self._budget = MetricBudget(self.limits.metric_names_per_run, existing, self._user_metric_names())
+        budget = self._budget
+        if budget.settled:
+            return budget
+        metrics = [e for e in entries if e.kind == "metrics"]
+        if self._final or any(is_epoch_name(k) for e in metrics for k in e.payload):
+            budget.settle(k for e in metrics for k in e.payload)
+            self._warn_over_budget()
+        return budget
+
+    def _warn_over_budget(self) -> None:
+        assert self._budget is not None
+        new = [n for n in self._budget.over if n not in self._over_warned]
+        if not new:
+            return
+        self._over_warned.update(new)
+        logger.warning(
+            "hvd-mlflow: this run keeps at most %d metric names (%s); %d are not logged as metrics: %s. Their values "
+            "are kept in the artifact %s. Names are chosen in this order: Keras epoch metrics, their val_ twins, "
+            "your own mlflow.log_metric names, hvd-mlflow's learning_rate/epoch_time_s/samples_per_s, rank_spread, "
+            "batch/ curves; log fewer (rank_spread, log_every_n_steps) or set max_metric_names.",
+            self._budget.limit,
+            "AzureML's limit" if self.limits.metric_names_per_run == 50 else "max_metric_names",
+            len(new),
+            ", ".join(new[:12]) + (", ..." if len(new) > 12 else ""),
+            self.held_artifact_path,
+        )
+
+    @property
+    def held_artifact_path(self) -> str:
+        return f"hvd_mlflow/metrics-over-budget-{self.meta.journal_id[:12]}.csv"
+
+    def _hold(self, records: Iterable[EpochRecord]) -> None:
+        """Keep values that are not sent as metrics (over the budget, refused) for the CSV artifact."""
+        for record in records:
+            if record.metrics:
+                self.journal.append(HELD, record.metrics, step=record.step, timestamp_ms=record.timestamp_ms)
+
+    def _send_held(self, run_id: str) -> None:
+        """The over-budget CSV: every value that was not sent as a metric, once, at the end."""
+        held = self.journal.pending(10**9, kinds=(HELD,))
+        if not held:
+            return
+        self._warn_over_budget()
+        rows = sorted({(k, e.step, e.timestamp_ms, v) for e in held for k, v in e.payload.items()},
+                      key=lambda row: (row[0], row[1] or 0, row[2] or 0))  # fmt: skip
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(["name", "step", "timestamp_ms", "value"])
+        writer.writerows(rows)
+        try:
+            self.client.log_text(run_id, text.getvalue(), self.held_artifact_path)
+        except Exception as error:
+            if http_status(error) != 409:  # AzureML cannot overwrite: a 409 after a resend means it was applied
+                raise
+        self.journal.acknowledge([e.seq for e in held])
 
     def _send_params_tags(self, run_id: str, group: list[Entry]) -> int:
         from mlflow.entities import Param, RunTag
 
-        params = [Param(k, str(v)) for e in group if e.kind == "params" for k, v in e.payload.items()]
-        tags = [RunTag(k, str(v)) for e in group if e.kind == "tags" for k, v in e.payload.items()]
-        params, tags = self._resumed_params(params, tags)
+        params = {k: str(v) for e in group if e.kind == "params" for k, v in e.payload.items()}
+        tags = {k: str(v) for e in group if e.kind == "tags" for k, v in e.payload.items()}
+        params = self._resumed_params(params)
+        tags = self._within_tag_budget(tags)
         if params or tags:
-            self.client.log_batch(run_id, params=params, tags=tags)
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
+                                  tags=[RunTag(k, v) for k, v in tags.items()])  # fmt: skip
+            if self._existing is not None:
+                self._existing.params.update(params)
+                self._existing.tag_keys.update(tags)
         self.journal.acknowledge([e.seq for e in group])
         return len(group)
+
+    def _within_tag_budget(self, tags: dict[str, str]) -> dict[str, str]:
+        """Tags that fit the run's tag limit (AzureML: 50, its own system tags included); the rest go to a JSON
+        artifact, with one warning."""
+        limit = self.limits.tags_per_run
+        if limit is None or self._existing is None:
+            return tags
+        held = self._existing.tag_keys
+        room = max(0, limit - len(held))
+        kept, over = {}, {}
+        for key, value in tags.items():
+            if key in held or room > 0:
+                room -= key not in held
+                kept[key] = value
+            else:
+                over[key] = value
+        if over:
+            path = f"hvd_mlflow/tags-{self.meta.journal_id[:12]}.json"
+            logger.warning(
+                "hvd-mlflow: this run keeps at most %d tags and holds %d; %d more (%s) are kept in the artifact %s",
+                limit,
+                len(held),
+                len(over),
+                ", ".join(list(over)[:5]),
+                path,
+            )
+            self.journal.append("artifact", {"path": path, "content": over})
+        return kept
 
     def _send_artifacts(self, run_id: str, group: list[Entry]) -> int:
         """Small JSON files (params over the run's limit). AzureML cannot overwrite an artifact: a 409 after a
@@ -228,20 +350,23 @@ class Uploader:
         self.journal.acknowledge([entry.seq])
         return 1
 
-    def _resumed_params(self, params: list[Any], tags: list[Any]) -> tuple[list[Any], list[Any]]:
-        """Params the run already holds: equal ones are dropped, changed ones become tags (with a warning)."""
-        from mlflow.entities import RunTag
-
-        logged = self._existing.params if self._existing else {}
-        changed = [p for p in params if p.key in logged and logged[p.key] != p.value]
+    def _resumed_params(self, params: dict[str, str]) -> dict[str, str]:
+        """Params the run already holds: equal ones are dropped; changed ones (MLflow cannot change a param) go to
+        one JSON artifact with a warning, never one tag each (AzureML keeps 50 tags per run)."""
+        if self._existing is None:
+            return params
+        changed = self._existing.changed_params(params)
         if changed:
+            path = f"hvd_mlflow/param-changes-{self.meta.journal_id[:12]}.json"
             logger.warning(
-                "hvd-mlflow: the run already has different values for param(s) %s (MLflow cannot change a "
-                "param); the new values are logged as tags param_changed.<name>",
-                ", ".join(f"{p.key}: {logged[p.key][:50]!r} -> {p.value[:50]!r}" for p in changed),
+                "hvd-mlflow: the run already has different values for %d param(s) (%s; MLflow cannot change a "
+                "param); the new values are in the artifact %s",
+                len(changed),
+                ", ".join(f"{k}: {c['logged'][:40]!r} -> {c['now'][:40]!r}" for k, c in list(changed.items())[:5]),
+                path,
             )
-        kept = [p for p in params if p.key not in logged]
-        return kept, [*tags, *(RunTag(f"param_changed.{p.key}", p.value) for p in changed)]
+            self.journal.append("artifact", {"path": path, "content": changed})
+        return {k: v for k, v in params.items() if k not in self._existing.params}
 
     def _not_logged_yet(self, records: list[EpochRecord]) -> list[EpochRecord]:
         """``records`` without the points at or below their metric's last step in the run (what the run held
@@ -268,9 +393,9 @@ class Uploader:
         return out
 
     def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
-        from mlflow.entities import Metric
-
         records = self._not_logged_yet([EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group])
+        records, held = self._split_by_budget(records)
+        self._hold(held)
         done = 0
         for request in batching.metric_requests(
             records, self.limits.metrics_per_request, self.limits.values_per_key_per_request
@@ -280,13 +405,55 @@ class Uploader:
             seqs = [e.seq for e in group[done : done + request.completes]]
             if request.points:
                 self._unsure = (seqs, request.points[-1])
-                self.client.log_batch(run_id, metrics=[Metric(*p) for p in request.points])
+                self._log_points(run_id, request.points)
                 self._unsure = None
                 if self._existing is not None:
                     self._existing.sent(request.points)
             self.journal.acknowledge(seqs)
             done += request.completes
         return done
+
+    def _split_by_budget(self, records: list[EpochRecord]) -> tuple[list[EpochRecord], list[EpochRecord]]:
+        """Each record's values: those sent as metrics, and those held (over the budget, or refused keys)."""
+        assert self._budget is not None
+        sent, held = [], []
+        for record in records:
+            ok = {k: v for k, v in record.metrics.items() if k not in self._refused and self._budget.admits(k)}
+            sent.append(EpochRecord(record.step, record.timestamp_ms, ok))
+            held.append(EpochRecord(record.step, record.timestamp_ms,
+                                    {k: v for k, v in record.metrics.items() if k not in ok}))  # fmt: skip
+        self._warn_over_budget()
+        return sent, held
+
+    def _log_points(self, run_id: str, points: list[tuple[str, float, int, int]]) -> None:
+        """One ``log_batch``; refused with a 4xx, it is split by key until the refused keys are found: every other
+        point goes through, a refused key's values are held for the CSV and the key is not sent again."""
+        from mlflow.entities import Metric
+
+        try:
+            self.client.log_batch(run_id, metrics=[Metric(*p) for p in points])
+        except Exception as error:
+            if not is_permanent(error):
+                raise
+            keys = sorted({p[0] for p in points})
+            if len(keys) == 1:
+                self._refuse(keys[0], error, points)
+                return
+            half = set(keys[: len(keys) // 2])
+            self._log_points(run_id, [p for p in points if p[0] in half])
+            self._log_points(run_id, [p for p in points if p[0] not in half])
+
+    def _refuse(self, key: str, error: BaseException, points: list[tuple[str, float, int, int]]) -> None:
+        message = redact(str(error))[:300]
+        self._refused[key] = message
+        logger.warning(
+            "hvd-mlflow: the tracking server refused metric %r (%s); it is not sent again, and its values are kept "
+            "in the artifact %s",
+            key,
+            message,
+            self.held_artifact_path,
+        )
+        self._hold(EpochRecord(step, timestamp, {key: value}) for _key, value, timestamp, step in points)
 
     def _settle_unsure(self, run_id: str) -> int:
         """After a failed attempt, acknowledge its entries if the server holds its last point anyway.
@@ -308,17 +475,6 @@ class Uploader:
         return 0
 
 
-@dataclasses.dataclass
-class _ExistingRun:
-    last_steps: dict[str, int]  # metric key -> its last step in the run
-    params: dict[str, str]
-    skip: bool = True  # resume="skip"
-
-    def sent(self, points: list[tuple[str, float, int, int]]) -> None:
-        for key, _value, _timestamp, step in points:
-            self.last_steps[key] = max(step, self.last_steps.get(key, step))
-
-
 def _end_run(client: Any, run_id: str, status: str) -> None:
     """``set_terminated`` without its side effects: it also GETs the run and prints the run's URL to stdout,
     credentials included when the tracking URI carries them, from our background thread."""
@@ -332,14 +488,14 @@ def _end_run(client: Any, run_id: str, status: str) -> None:
         store.update_run_info(run_id, RunStatus.from_string(status), end_time, None)
 
 
-def _groups(entries: list[Entry], isolate: bool) -> Iterator[tuple[str, list[Entry]]]:
-    """Consecutive entries of one kind ("metrics", or params and tags together), in journal order."""
+def _groups(entries: list[Entry], isolate: bool, params_tags_per_request: int) -> Iterator[tuple[str, list[Entry]]]:
+    """Consecutive entries of one kind ("metrics", "artifact", or params and tags together), in journal order."""
     group: list[Entry] = []
     kind = ""
     size = 0
     for entry in entries:
         entry_kind = entry.kind if entry.kind in ("metrics", "artifact") else "params_tags"
-        fits = entry_kind != "params_tags" or size + len(entry.payload) <= 100
+        fits = entry_kind != "params_tags" or size + len(entry.payload) <= params_tags_per_request
         if group and (isolate or entry_kind != kind or not fits):
             yield kind, group
             group, size = [], 0

@@ -79,10 +79,28 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
                      ok=bool(plugin) or not uses, fix="pip install 'hvd-mlflow[azureml]'"))  # fmt: skip
     job = destination.is_azureml_job(uri)
     out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
+    out.append(_guard("per-run limits", "fix the HVD_MLFLOW_* variable it names", lambda: _budget(uri)))
     pending = sum(journal.FileJournal.open(p).count() for p in journal.find())
     out.append(Check("pending journal entries", f"{pending} in {journal.default_directory()}", ok=pending == 0,
                      fix="upload them: hvd-mlflow sync" if pending else ""))  # fmt: skip
     return out
+
+
+def _budget(uri: str) -> Check:
+    """The metric-name budget and row limit that apply to a run here."""
+    from .config import Options
+    from .limits import for_tracking_uri
+
+    options = Options.resolve()
+    limits = for_tracking_uri(uri).with_options(options.max_metric_names, options.max_rows_per_metric)
+    names = limits.metric_names_per_run
+    rows = limits.rows_per_metric
+    value = (
+        (f"{names} metric names per run" if names else "no metric-name budget")
+        + (f", {rows:,} rows per metric" if rows else "")
+        + (f", {limits.tags_per_run} tags" if limits.tags_per_run else "")
+    )
+    return Check("per-run limits", value)
 
 
 def _keras3() -> bool:

@@ -1,11 +1,12 @@
 """What every rank agrees on at train begin, in one collective, before any other collective of the fit.
 
 Rule 2 of this code base: every decision that changes which collectives a rank calls is the same on every rank by
-construction. At train begin each rank brings a :class:`Proposal`: rank 0 the run (which it alone resolved) and
-the global step it starts from (its optimizer's iteration count: with Horovod's resume recipe only rank 0 has
-restored it yet), every rank the options that shape the collectives. One ``allgather_object`` gives every rank
-every proposal, so every rank takes rank 0's run and first step, and every rank sees whether the ranks' options
-differ and raises the same error if they do (never a hang).
+construction. At train begin each rank brings a :class:`Proposal`: rank 0 the run (which it alone resolved), the
+global step it starts from (its optimizer's iteration count: with Horovod's resume recipe only rank 0 has
+restored it yet) and the batch-logging interval (raised to keep within the server's rows per metric), every rank
+the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
+takes rank 0's run, first step and interval, and every rank sees whether the ranks' options differ and raises the
+same error if they do (never a hang).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Proposal:
     owns_run: bool  # hvd-mlflow creates (or created) the run: whoever is rank 0 at the end ends it
     first_step: int  # rank 0's optimizer iterations at train begin; 0 elsewhere
     collective_options: tuple[tuple[str, Any], ...]  # (name, value) of every option that shapes collectives
+    log_every_n_steps: int = 0  # rank 0's, raised to keep the batch/ rows within the server's limit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Plan:
     run_id: str | None
     owns_run: bool
     first_step: int
+    log_every_n_steps: int = 0
 
 
 def agree(comm: Collectives, proposal: Proposal) -> Plan:
@@ -48,7 +51,7 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
             "variables):\n" + "\n".join(lines)
         )
     leader = proposals[0]
-    return Plan(run_id=leader.run_id, owns_run=leader.owns_run, first_step=leader.first_step)
+    return Plan(leader.run_id, leader.owns_run, leader.first_step, leader.log_every_n_steps)
 
 
 def _describe(options: tuple[tuple[str, Any], ...]) -> str:

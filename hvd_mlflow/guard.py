@@ -90,11 +90,39 @@ def _warn(name: str) -> None:
     )
 
 
+_user_metrics: dict[str, None] = {}  # the metric names the user logged on rank 0, in order
+
+
+def user_metric_names() -> list[str]:
+    """The metric names user code logged through MLflow in this process (rank 0): the metric-name budget keeps
+    their places before hvd-mlflow's own extras."""
+    return list(_user_metrics)
+
+
+def _note_user_metrics(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    if getattr(_local, "internal", False):
+        return
+    try:
+        if name in ("log_metric", "MlflowClient.log_metric"):
+            at = 0 if name == "log_metric" else 2  # fluent (key, ...) / client (self, run_id, key, ...)
+            keys = [kwargs.get("key", args[at] if len(args) > at else None)]
+        elif name == "log_metrics":
+            keys = list(kwargs.get("metrics", args[0] if args else {}) or {})
+        elif name == "MlflowClient.log_batch":
+            keys = [m.key for m in kwargs.get("metrics", args[2] if len(args) > 2 else ()) or ()]
+        else:
+            return
+        _user_metrics.update(dict.fromkeys(str(k) for k in keys if k is not None))
+    except Exception:  # noqa: BLE001 - noting names is a help to the budget, never a reason to fail the call
+        return
+
+
 def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: Callable[..., Any] = lambda: None):
     """``original`` on rank 0; on other ranks one warning, and ``elsewhere()`` as the result."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():
+            _note_user_metrics(name, args, kwargs)
             return original(*args, **kwargs)
         _warn(name)
         return elsewhere()

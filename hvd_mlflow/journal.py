@@ -101,6 +101,8 @@ class JournalMeta:
     run_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # tags of a run created from here
     pid: int | None = None  # the writer, for journals on filesystems without locks
     host: str | None = None
+    max_metric_names: int | None = None  # the user's budget options (None: the server's limits; 0: no limit)
+    max_rows_per_metric: int | None = None
     final_status: str | None = None  # FINISHED / FAILED / KILLED once the training's outcome is known
     ended: bool = False  # the run was ended (or, not ours, left as it is) after everything was delivered
 

@@ -6,7 +6,10 @@ For a Keras metric whose state is additive (the totals and counts of ``Mean``/``
 from the element-wise sum of every rank's state is exactly the metric of all ranks' samples together. That is
 what ``reduction="exact"`` logs. A metric whose ``update_state`` or ``result`` is user code may keep a state
 that does not add up (a maximum, a running average): it is reported, and its value falls back to the
-sample-weighted mean.
+sample-weighted mean. Which result keys those are is found from what Keras reports (``get_metrics_result()``,
+per output: Keras 3 names them ``<output>_<metric>``), by moving the non-additive metrics' state and seeing which
+results move (:func:`inexact_keys`). A custom metric whose state does add up (a count, a sum) is declared so with
+a class (or instance) attribute ``hvd_mlflow_additive = True``; ``False`` marks a built-in one as not additive.
 
 Inside ``fit``, validation resets the metrics before ``on_epoch_end``, so the training state is captured when
 validation begins (``on_test_begin``), and the validation state at ``on_epoch_end``.
@@ -52,14 +55,43 @@ def _from_keras(method: Any) -> bool:
     return getattr(method, "__module__", "").split(".", 1)[0] in ("keras", "tf_keras")
 
 
+ADDITIVE_ATTRIBUTE = "hvd_mlflow_additive"
+
+
 def is_additive(metric: Any) -> bool:
-    """Whether ``metric`` keeps the state of a built-in Keras metric (user code neither updates nor reads it)."""
+    """Whether ``metric``'s state adds up over ranks: declared with ``hvd_mlflow_additive``, else whether it keeps
+    the state of a built-in Keras metric (user code neither updates nor reads it)."""
+    declared = getattr(metric, ADDITIVE_ATTRIBUTE, None)
+    if declared is not None:
+        return bool(declared)
     cls = type(metric)
     return _from_keras(cls.update_state) and _from_keras(cls.result) and _from_keras(cls.reset_state)
 
 
-def non_additive_names(model: Any) -> list[str]:
-    return [m.name for m in leaf_metrics(model) if not is_additive(m)]
+def non_additive_metrics(model: Any) -> list[Any]:
+    return [m for m in leaf_metrics(model) if not is_additive(m)]
+
+
+def inexact_keys(model: Any) -> set[str]:
+    """The keys of ``get_metrics_result()`` computed from the state of a non-additive metric (whatever name Keras
+    gives them, per output): their state is moved, and the results that move are theirs. The state is restored."""
+    variables = [v for m in non_additive_metrics(model) for v in m.variables]
+    if not variables or not hasattr(model, "get_metrics_result"):
+        return set()
+    saved = [_numpy(v) for v in variables]
+    try:
+        before = _results(model)
+        for variable, value in zip(variables, saved, strict=True):
+            variable.assign(np.logical_not(value) if value.dtype == bool else (value + 1).astype(value.dtype))
+        after = _results(model)
+    finally:
+        for variable, value in zip(variables, saved, strict=True):
+            variable.assign(value)
+    return {k for k, v in before.items() if not _same(v, after.get(k))}
+
+
+def _same(a: float, b: float | None) -> bool:
+    return b is not None and (a == b or (np.isnan(a) and np.isnan(b)))
 
 
 def _variables(model: Any) -> list[Any]:
@@ -85,7 +117,6 @@ def capture(model: Any, prefix: str) -> MetricState | None:
         return None
     current = [_numpy(v) for v in variables]
     shapes = [(c.shape, c.dtype) for c in current]
-    skip = set(non_additive_names(model))
 
     def compute(summed: np.ndarray) -> dict[str, float]:
         saved = [_numpy(v) for v in variables]
@@ -95,7 +126,7 @@ def capture(model: Any, prefix: str) -> MetricState | None:
                 size = int(np.prod(shape))
                 variable.assign(summed[offset : offset + size].reshape(shape).astype(dtype))
                 offset += size
-            return {prefix + k: v for k, v in _results(model).items() if k not in skip}
+            return {prefix + k: v for k, v in _results(model).items()}
         finally:
             for variable, value in zip(variables, saved, strict=True):
                 variable.assign(value)

@@ -42,9 +42,12 @@ class RunLogger:
         resume: str = "skip",
         owns_run: bool = False,
         elastic: bool = False,
+        max_metric_names: int | None = None,
+        max_rows_per_metric: int | None = None,
     ):
-        self.limits = limits.for_tracking_uri(dest.tracking_uri)
+        self.limits = limits.for_tracking_uri(dest.tracking_uri).with_options(max_metric_names, max_rows_per_metric)
         self._param_names = NameMap(self.limits.name_length, what="param", raise_on_collision=False)
+        self._tag_names = NameMap(self.limits.tag_key_length, what="tag", raise_on_collision=False)
         meta = JournalMeta.new(
             tracking_uri=mask_uri(dest.tracking_uri),
             tracking_uri_has_credentials=mask_uri(dest.tracking_uri) != dest.tracking_uri,
@@ -56,6 +59,8 @@ class RunLogger:
             elastic=elastic,
             created_run=bool(owns_run and dest.run_id),  # a run hvd-mlflow created in another process (elastic)
             run_tags=_context_tags(),
+            max_metric_names=max_metric_names,
+            max_rows_per_metric=max_rows_per_metric,
         )
         self.journal = LiveJournal.open_new(journal_dir, meta)
         try:
@@ -107,7 +112,17 @@ class RunLogger:
         return f"hvd_mlflow/params-{self.journal.meta().journal_id[:12]}.json"
 
     def log_tags(self, tags: Mapping[str, str]) -> None:
-        clean = {k: self._fit(f"tag {k!r}", str(v), self.limits.tag_value_length) for k, v in tags.items()}
+        """Log ``tags``: keys cleaned and cut to the server's length (AzureML: 100), values cut (AzureML: 1,000);
+        keys that collide once cleaned go to a JSON artifact (``hvd_mlflow/tags-<journal id>.json``)."""
+        names = self._tag_names(tags)
+        clean = {names[k]: self._fit(f"tag {k!r}", str(v), self.limits.tag_value_length) for k, v in tags.items()
+                 if k in names}  # fmt: skip
+        collided = {k: str(v) for k, v in tags.items() if k not in names}
+        if collided:
+            path = f"hvd_mlflow/tags-{self.journal.meta().journal_id[:12]}.json"
+            warn_once("tag-collision", "hvd-mlflow: tag keys %s become the same key once cleaned; they are kept "
+                      "in the artifact %s", ", ".join(map(repr, sorted(collided))), path)  # fmt: skip
+            self.journal.append("artifact", {"path": path, "content": collided})
         for part in batching.chunks(list(clean.items()), self.limits.params_tags_per_request):
             self.journal.append("tags", dict(part))
         self.sender.notify()

@@ -31,7 +31,7 @@ OPEN_AFTER_FAILURES = 3
 MIN_SEND_INTERVAL_S = 0.5
 # The server is known not to answer when the circuit is open, or when it has never answered this sender and
 # its request has been waiting this long. Then the end of ``fit`` waits only DOWN_GRACE_S more.
-UNANSWERED_S = 10.0
+UNANSWERED_S = 6.0
 DOWN_GRACE_S = 3.0
 
 
@@ -190,7 +190,8 @@ class Sender:
 
             with guard.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
                 client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
-                uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping)
+                uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping,
+                                    user_metric_names=guard.user_metric_names)  # fmt: skip
                 while self._deliver_once(uploader):
                     pass
         except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training

@@ -118,12 +118,14 @@ def test_rank0_survives_a_reset_its_old_sender_ends_and_nothing_is_doubled(tmp_p
         updates = [r.json() for r in proxy.requests if r.path.split("?")[0].endswith("/runs/update")]
     by_epoch = epochs_by_global_epoch(tmp_path)
     assert sorted(by_epoch) == list(range(EPOCHS))
-    assert all(group[0]["rank"] == 0 for group in by_epoch.values())  # the same process was rank 0 throughout
+    [done_file] = list(tmp_path.glob("done-*.json"))
+    survivor = done_file.stem.split("-", 1)[1]
+    lines = (tmp_path / f"epochs-{survivor}.jsonl").read_text().splitlines()
+    assert all(json.loads(line)["rank"] == 0 for line in lines)  # the surviving process was rank 0 throughout
     assert sorted({line["size"] for group in by_epoch.values() for line in group}) == [1, 2]  # a reset happened
     assert_every_epoch_once(client, experiment, by_epoch)
     assert [u.get("status") for u in updates] == ["FINISHED"], updates  # never FAILED, ended once
-    [done] = [json.loads(p.read_text()) for p in tmp_path.glob("done-*.json")]
-    cpu = done["idle_cpu"]
+    cpu = json.loads(done_file.read_text())["idle_cpu"]
     report("elastic_rank0_survives", idle_cpu_after_reset=round(cpu["after_reset"], 4),
            idle_cpu_after_fit=round(cpu["after_fit"], 4), idle_seconds=idle, seconds=round(seconds, 1))  # fmt: skip
     assert cpu["after_reset"] < 0.05 and cpu["after_fit"] < 0.05, cpu

@@ -73,3 +73,44 @@ def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_s
     assert (
         pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout
     )
+
+
+def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
+    """Each command, given what a user gets wrong: a one-line error naming it (and what to do), exit code 1."""
+    no_epoch = tmp_path / "no_epoch.csv"
+    no_epoch.write_text("step,loss\n0,1\n")
+    good = tmp_path / "training_metrics.csv"
+    good.write_text("epoch,loss\n0,1.0\n1,0.5\n")
+    not_a_journal = tmp_path / "x.journal.sqlite"
+    not_a_journal.write_text("this is not SQLite")
+    unknown = "0" * 32
+    cases = {
+        "plot of an unknown run": (["plot", unknown, "-o", str(tmp_path / "x.png")], f"id={unknown} not found"),
+        "import-csv without an epoch column": (["import-csv", str(no_epoch), "--experiment", "x"], "no 'epoch' column"),
+        "import-csv into an unknown run": (["import-csv", str(good), "--run-id", unknown], "not found"),
+        "sync of a file that is not a journal": (["sync", str(not_a_journal)], "not fully uploaded"),
+    }
+    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}
+    for case, (args, said) in cases.items():
+        done = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert done.returncode == 1, case
+        assert "Traceback" not in done.stderr + done.stdout, case
+        assert len(errors) == 1 and said in errors[0], (case, done.stderr)
+    assert "not an hvd-mlflow journal" in done.stderr  # the last case says why, on its own line
+
+
+def test_the_troubleshooting_logging_recipe_works(tmp_path):
+    """docs/troubleshooting.md: DEBUG on the hvd_mlflow logger stays DEBUG when a callback is created (it used to
+    be reset by every callback's __init__)."""
+    script = (
+        "import logging, hvd_mlflow\n"
+        "logging.basicConfig()\n"
+        "logging.getLogger('hvd_mlflow').setLevel(logging.DEBUG)\n"
+        "hvd_mlflow.HorovodMlflowCallback(flavour='keras')\n"
+        "print(logging.getLogger('hvd_mlflow').getEffectiveLevel())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "10"

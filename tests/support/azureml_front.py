@@ -11,19 +11,33 @@ artifact path the plugin takes (``/history/v1.0/.../artifacts/batch/metadata`` h
 SAS, at most 100 paths per batch, no overwriting; the blobs are then PUT to the front and kept in
 ``artifact_dir``). Runs get an ``azureml://.../experiments/<name>/runs/<id>/artifacts`` artifact URI when their
 experiment is created with :meth:`AzureMLFront.artifact_location`.
+
+It enforces AzureML's documented per-run limits (../shared/AZUREML.md, "Limits and unsupported calls"), counting
+what each run holds (read from the server the first time the run is seen, then kept up to date): 50 metric names,
+1 million rows per metric name (``max_rows_per_metric`` lowers it for a test), 50 tags (the run's system tags
+included) with keys of at most 100 characters and values of at most 1,000, 200 params. A request that would pass
+one is refused whole with a 400. The exact text AzureML answers for the metric-name, tag and row limits is
+unverified: the front answers in the shape AZUREML.md documents for the params limit (``ValidationError: A field
+of the entity is over the size limit. FieldName=..., Limit=..., Size=...``). ``refuse_metric_names`` refuses
+requests carrying those names (a name the service will not take); :meth:`storm` answers 429 with ``Retry-After``
+to every request for a while. (The async log-batch endpoint, which hvd-mlflow never uses, is not counted.)
 What it cannot prove: Studio's rendering, real throttling thresholds, real token refresh.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
 import ipaddress
 import json
 import re
 import ssl
+import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlencode
 
 import jwt
 
@@ -37,6 +51,10 @@ HISTORY = re.compile(
     r"/artifacts/batch/metadata$"
 )
 MAX_ARTIFACTS_PER_BATCH = 100
+METRIC_NAMES_PER_RUN, ROWS_PER_METRIC, TAGS_PER_RUN, TAG_KEY_LENGTH, TAG_VALUE_LENGTH, PARAMS_PER_RUN = (
+    50, 1_000_000, 50, 100, 1000, 200,
+)  # fmt: skip
+WRITES = ("/runs/log-batch", "/runs/log-metric", "/runs/set-tag", "/runs/log-parameter")  # counted and limited
 PREFIX = re.compile(
     r"^/mlflow/v2\.0/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/"
     r"Microsoft\.MachineLearningServices/workspaces/(?P<ws>[^/]+)"
@@ -81,15 +99,45 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+@dataclasses.dataclass
+class RunHolds:
+    """What one run holds, as AzureML counts it against its limits."""
+
+    metric_rows: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    tag_keys: set[str] = dataclasses.field(default_factory=set)
+    param_keys: set[str] = dataclasses.field(default_factory=set)
+
+
 class AzureMLFront(Proxy):
     scheme = "https"
 
-    def __init__(self, upstream: str, folder: Path, fault: Fault | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        folder: Path,
+        fault: Fault | None = None,
+        max_rows_per_metric: int = ROWS_PER_METRIC,
+        refuse_metric_names: tuple[str, ...] = (),
+    ) -> None:
         self.cert, self._key = self_signed_certificate(folder)
         self.rejected: list[tuple[str, str]] = []
+        self.over_limit: list[str] = []  # the limit messages answered (a 400 each)
         self.artifact_dir = folder / "blobs"
+        self.max_rows_per_metric = max_rows_per_metric
+        self.refuse_metric_names = set(refuse_metric_names)
+        self._holds: dict[str, RunHolds] = {}
+        self._writes = threading.Lock()  # check, forward, count: one write at a time
+        self._storm: tuple[float, int] | None = None  # (until, Retry-After seconds)
+        self.storm_answers = 0
         super().__init__(upstream, fault=fault, host="127.0.0.1")
         self.url = f"https://localhost:{self.port}"
+
+    def storm(self, seconds: float, retry_after: int = 2) -> None:
+        """Answer 429 with ``Retry-After`` to every request for ``seconds`` from now (AzureML throttling)."""
+        self._storm = (time.monotonic() + seconds, retry_after)
+
+    def holds(self, run_id: str) -> RunHolds:
+        return self._holds[run_id]
 
     def _bind(self, port: int):
         server = super()._bind(port)
@@ -171,6 +219,68 @@ class AzureMLFront(Proxy):
         }
         return Respond(200, {"Content-Type": "application/json"}, json.dumps(answer).encode())
 
+    def _within_limits(self, request: Recorded, path: str) -> Respond:
+        """Refuse what would pass a per-run limit (a 400, nothing applied); else forward and count it."""
+        body = request.json()
+        run_id = body.get("run_id") or body.get("run_uuid")
+        with self._writes:
+            holds = self._holds.get(run_id) or self._read_holds(request, run_id)
+            metrics = [{"key": body.get("key")}] if path.endswith("/runs/log-metric") else body.get("metrics", [])
+            tags = [body] if path.endswith("/runs/set-tag") else body.get("tags", [])
+            params = [body] if path.endswith("/runs/log-parameter") else body.get("params", [])
+            rows = collections.Counter(m["key"] for m in metrics)
+            problems = self._problems(holds, rows, tags, params)
+            if problems:
+                self.over_limit.append(problems[0])
+                answer = {"error_code": "INVALID_PARAMETER_VALUE", "message": problems[0]}
+                return Respond(400, {}, json.dumps(answer).encode())
+            status, headers, answer = self._forward(request)
+            if status == 200:
+                holds.metric_rows.update(rows)
+                holds.tag_keys |= {t["key"] for t in tags}
+                holds.param_keys |= {p["key"] for p in params}
+            return Respond(status, headers, answer)
+
+    def _problems(self, holds: RunHolds, rows: collections.Counter, tags: list, params: list) -> list[str]:
+        """What this write would pass, of AzureML's per-run limits (first problem first)."""
+        problems = [f"INVALID_PARAMETER_VALUE: metric {k!r} is not accepted" for k in sorted(rows)
+                    if k in self.refuse_metric_names]  # fmt: skip
+        names = len(set(holds.metric_rows) | set(rows))
+        if names > METRIC_NAMES_PER_RUN:
+            problems.append(_too_big("MetricNames", METRIC_NAMES_PER_RUN, names))
+        for key, count in rows.items():
+            if holds.metric_rows[key] + count > self.max_rows_per_metric:
+                problems.append(_too_big("MetricRows", self.max_rows_per_metric, holds.metric_rows[key] + count))
+        tag_count = len(holds.tag_keys | {t["key"] for t in tags})
+        if tag_count > TAGS_PER_RUN:
+            problems.append(_too_big("Tags", TAGS_PER_RUN, tag_count))
+        for tag in tags:
+            if len(tag["key"]) > TAG_KEY_LENGTH:
+                problems.append(_too_big("Tags.Key", TAG_KEY_LENGTH, len(tag["key"])))
+            if len(str(tag.get("value", ""))) > TAG_VALUE_LENGTH:
+                problems.append(_too_big("Tags.Value", TAG_VALUE_LENGTH, len(str(tag.get("value", "")))))
+        param_count = len(holds.param_keys | {p["key"] for p in params})
+        if param_count > PARAMS_PER_RUN:
+            problems.append(_too_big("Parameters", PARAMS_PER_RUN, param_count))
+        return problems
+
+    def _read_holds(self, request: Recorded, run_id: str) -> RunHolds:
+        """What the run holds already (the control plane's tags, a restarted job's metrics), from the server."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+        query = urlencode({"run_id": run_id})
+        _, _, answer = self._forward(Recorded("GET", f"/api/2.0/mlflow/runs/get?{query}", headers, b"", 0))
+        data = json.loads(answer or b"{}").get("run", {}).get("data", {})
+        holds = RunHolds()
+        for metric in data.get("metrics", []):
+            query = urlencode({"run_id": run_id, "metric_key": metric["key"], "max_results": 25000})
+            _, _, points = self._forward(Recorded("GET", f"/api/2.0/mlflow/metrics/get-history?{query}", headers,
+                                                  b"", 0))  # fmt: skip
+            holds.metric_rows[metric["key"]] = len(json.loads(points or b"{}").get("metrics", []))
+        holds.tag_keys = {t["key"] for t in data.get("tags", [])}
+        holds.param_keys = {p["key"] for p in data.get("params", [])}
+        self._holds[run_id] = holds
+        return holds
+
     def intercept(self, request: Recorded):
         if request.path.startswith("/blob/"):
             return self._blob(request)
@@ -191,6 +301,10 @@ class AzureMLFront(Proxy):
         path = request.path.split("?")[0]
         if "/logged-models" in path:
             return Respond(404, {}, b'{"error_code": "ENDPOINT_NOT_FOUND", "message": "no logged-models API"}')
+        if self._storm is not None and time.monotonic() < self._storm[0]:
+            self.storm_answers += 1
+            body = b'{"error_code": "REQUEST_LIMIT_EXCEEDED", "message": "throttled"}'
+            return Respond(429, {"Retry-After": str(self._storm[1])}, body)
         if path.endswith("/runs/log-batch") or path.endswith("/preview/mlflow/runs/log-batch-async"):
             keys = [m["key"] for m in request.json().get("metrics", [])]
             over = sorted({k for k in keys if keys.count(k) > 250})
@@ -202,6 +316,8 @@ class AzureMLFront(Proxy):
         action = super().intercept(request)
         if action is not None:
             return action
+        if path.endswith(WRITES):
+            return self._within_limits(request, path)
         if path.endswith("/preview/mlflow/runs/log-batch-async"):
             request.path = request.path.replace("/preview/mlflow/runs/log-batch-async", "/mlflow/runs/log-batch")
             status, _, body = self._forward(request)
@@ -210,3 +326,9 @@ class AzureMLFront(Proxy):
         if path.endswith("/preview/mlflow/runs/get-run-data-status"):
             return Respond(200, {"Content-Type": "application/json"}, b'{"is_complete": true}')
         return None
+
+
+def _too_big(field: str, limit: int, size: int) -> str:
+    """AzureML's shape for a limit (verified for the params limit; the same shape is assumed for the others)."""
+    head = "ValidationError: A field of the entity is over the size limit."
+    return f"{head} FieldName={field}, Limit={limit}, Size={size}"

@@ -170,3 +170,48 @@ def test_rank_spread_with_different_keys_still_names_them():
     comm.allgather_object = lambda obj, name: [obj, (["loss", "mae"], ["loss", "mae", "mean"])]
     with pytest.raises(MetricKeyMismatchError, match="rank 0 lacks: mae"):
         Reducer(comm, "mean", spread=["loss"]).reduce({"loss": 1.0}, "t")
+
+
+def packed(keys, values, samples, states, carry, layout):
+    """The vector one rank sends, built by hand from the layout documented in hvd_mlflow/aggregate.py (not with
+    the code under test): values, values x samples, samples, each state's variables, carried values, then the
+    layout's signature h and h*h."""
+    import zlib
+
+    h = float(zlib.crc32("\x00".join(layout).encode()) & (2**20 - 1))
+    return np.array([*values, *(v * s for v, s in zip(values, samples, strict=True)), *samples,
+                     *(x for state in states for x in state), *carry, h, h * h])  # fmt: skip
+
+
+def test_the_packed_vector_is_the_documented_layout():
+    peer = Peer()
+    state = MetricState("", np.array([150.0, 100.0]), 100.0, lambda s: {"loss": s[0] / s[1]})
+    Reducer(peer, "exact").reduce({"acc": 0.5, "loss": 1.5}, "t", [state], carry={"rank0_step": 42.0})
+    want = packed(["acc", "loss"], [0.5, 1.5], [100.0, 100.0], [[150.0, 100.0]], [42.0],
+                  ["acc", "loss", "exact", ":2", "+rank0_step"])  # fmt: skip
+    assert peer.vector.tolist() == want.tolist()
+
+
+class HandBuiltPeer:
+    """Rank 0's view of a two-rank sum where the other rank's vector is built by hand (``packed``)."""
+
+    rank, size = 0, 2
+
+    def __init__(self, other: np.ndarray) -> None:
+        self.other = other
+
+    def allreduce_sum(self, values, name):
+        return values + self.other
+
+
+def test_carried_values_are_summed_and_not_additive_keys_are_weighted():
+    layout = ["loss", "max_err", "exact", ":2", "+rank0_step"]
+    # the other rank: loss 3.0 and max_err 0.2 over 37 samples, state (111, 37), carries 0 (it is not rank 0)
+    other = packed(["loss", "max_err"], [3.0, 0.2], [37.0, 37.0], [[111.0, 37.0]], [0.0], layout)
+    state = MetricState("", np.array([100.0, 100.0]), 100.0, lambda s: {"loss": s[0] / s[1], "max_err": 99.0})
+    reducer = Reducer(HandBuiltPeer(other), "exact")
+    out = reducer.reduce({"loss": 1.0, "max_err": 0.8}, "t", [state], carry={"rank0_step": 42.0},
+                         not_additive={"max_err"})  # fmt: skip
+    assert out["loss"] == pytest.approx(211 / 137)  # from the summed state
+    assert out["max_err"] == pytest.approx((0.8 * 100 + 0.2 * 37) / 137)  # weighted: never the summed state's
+    assert reducer.carried == {"rank0_step": 42.0} and reducer.inexact == {"max_err"}

@@ -1,0 +1,97 @@
+"""The metric-name budget of a run: which names are logged as metrics when the server keeps only so many.
+
+AzureML keeps at most 50 metric names per run and silently drops the others from Studio. A realistic training
+passes 50 easily (15 compiled metrics and their ``val_`` twins, hvd-mlflow's own per-epoch values, the rank spread,
+per-batch curves). So the names are ranked, and the budget goes to them in this order:
+
+1. the Keras epoch metrics (``loss``, ``accuracy``, ...);
+2. their ``val_`` twins;
+3. the names the user logs with ``mlflow.log_metric`` (those known when the budget is settled);
+4. hvd-mlflow's per-epoch values (``learning_rate``, ``epoch_time_s``, ``samples_per_s``);
+5. the rank spread (``<key>_rank_min`` / ``_rank_max``);
+6. the per-batch curves (``batch/<key>``);
+7. the per-rank health (``system/...``).
+
+Names the run already holds count first (they are there for good). The budget is settled once, at the first
+epoch end (the first journal entry with epoch values), by whoever uploads the journal (rank 0's sender, or
+``hvd-mlflow sync``); a name first seen later gets a place while one is left. A name that does not fit is not sent
+as a metric: its values go to a CSV artifact, and one warning names them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+EXTRAS = ("learning_rate", "epoch_time_s", "samples_per_s")  # what hvd-mlflow adds to every epoch
+SPREAD_SUFFIXES = ("_rank_min", "_rank_max")
+BATCH_PREFIX = "batch/"
+SYSTEM_PREFIX = "system/"
+DIVERGENCE = ("weights_rank_spread",)  # the divergence check's metric: with the extras
+KERAS, VAL, USER, OURS, SPREAD, BATCH, SYSTEM = range(7)
+
+
+def rank_of(name: str, user_names: Iterable[str] = ()) -> int:
+    """Where ``name`` stands in the priority order above (lower first)."""
+    if name in set(user_names):
+        return USER
+    if name.startswith(BATCH_PREFIX):
+        return BATCH
+    if name.startswith(SYSTEM_PREFIX):
+        return SYSTEM
+    if name.endswith(SPREAD_SUFFIXES):
+        return SPREAD
+    if name in EXTRAS or name in DIVERGENCE:
+        return OURS
+    if name.startswith("val_"):
+        return VAL
+    return KERAS
+
+
+def is_epoch_name(name: str) -> bool:
+    """Whether a name comes with epoch values (the budget is settled at the first of them)."""
+    return not name.startswith(BATCH_PREFIX)
+
+
+class MetricBudget:
+    """Which metric names one run logs, within ``limit`` names (``None``: no limit).
+
+    Example::
+
+        budget = MetricBudget(limit=3, existing={"user_metric"})
+        budget.settle(["loss", "val_loss", "learning_rate", "batch/loss"])
+        budget.admits("loss"), budget.admits("batch/loss")  # True, False
+        budget.over  # ['learning_rate', 'batch/loss']
+    """
+
+    def __init__(self, limit: int | None, existing: Iterable[str] = (), user_names: Iterable[str] = ()) -> None:
+        self.limit = limit
+        self._user = set(user_names)
+        self._admitted: set[str] = set(existing) | self._user  # the run holds them, or the user logs them
+        self.over: list[str] = []
+        self.settled = limit is None
+
+    @property
+    def used(self) -> int:
+        return len(self._admitted)
+
+    def settle(self, names: Iterable[str]) -> None:
+        """Give the room left to ``names`` in priority order (stable within a rank of the order)."""
+        for name in sorted(dict.fromkeys(names), key=lambda n: rank_of(n, self._user)):
+            self._place(name)
+        self.settled = True
+
+    def admits(self, name: str) -> bool:
+        """Whether ``name`` is logged as a metric (placing a name not seen yet, while room is left)."""
+        if self.limit is None or name in self._admitted:
+            return True
+        if name not in self.over:
+            self._place(name)
+        return name in self._admitted
+
+    def _place(self, name: str) -> None:
+        if name in self._admitted or name in self.over:
+            return
+        if self.limit is None or len(self._admitted) < self.limit:
+            self._admitted.add(name)
+        else:
+            self.over.append(name)

@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from hvd_mlflow.metric_budget import MetricBudget
+
+
+def test_the_budget_goes_to_names_in_priority_order():
+    budget = MetricBudget(limit=6, existing={"old_metric"}, user_names={"dataset_size"})
+    budget.settle(["batch/loss", "loss_rank_min", "learning_rate", "val_loss", "loss", "auc", "val_auc",
+                   "epoch_time_s"])  # fmt: skip
+    # 2 places are taken (what the run holds, the user's): loss, auc, val_loss, val_auc fill the other 4
+    assert [n for n in ["loss", "auc", "val_loss", "val_auc"] if budget.admits(n)] == ["loss", "auc", "val_loss",
+                                                                                          "val_auc"]  # fmt: skip
+    assert budget.over == ["learning_rate", "epoch_time_s", "loss_rank_min", "batch/loss"]
+    assert budget.admits("old_metric") and budget.admits("dataset_size")
+    assert not budget.admits("a_new_name")  # no room left for a name first seen later
+    assert budget.over[-1] == "a_new_name"
+
+
+def test_a_name_first_seen_later_gets_a_place_while_one_is_left():
+    budget = MetricBudget(limit=3)
+    budget.settle(["loss", "val_loss"])
+    assert budget.admits("batch/loss") and not budget.admits("batch/accuracy")
+    assert budget.over == ["batch/accuracy"]
+
+
+def test_no_limit_admits_everything():
+    budget = MetricBudget(limit=None)
+    assert budget.settled and all(budget.admits(f"m{i}") for i in range(500)) and budget.over == []
