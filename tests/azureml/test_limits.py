@@ -21,7 +21,7 @@ from tests.support import launch
 from tests.support.azureml_front import AzureMLFront
 from tests.support.checks import FAST_RETRIES, report
 
-pytestmark = [pytest.mark.multirank, pytest.mark.azureml, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.azureml, pytest.mark.once, pytest.mark.timeout(600)]
 
 WORKER = launch.WORKER.parent / "limits_worker.py"
 

@@ -63,6 +63,7 @@ def test_job_logs_global_values_from_rank0_only_through_the_plugin(tmp_path, cli
            rank1_connections_to_tracking=0, **counts)  # fmt: skip
 
 
+@pytest.mark.once
 def test_throttling_is_survived_with_nothing_lost(tmp_path, client, front):
     count = {"n": 0, "429": 0}
 
@@ -80,6 +81,7 @@ def test_throttling_is_survived_with_nothing_lost(tmp_path, client, front):
     report("azureml_429", answered_429=count["429"], **counts)
 
 
+@pytest.mark.once
 def test_a_sender_far_behind_never_trips_the_250_values_limit(tmp_path, client, front):
     """300 one-step epochs against a front that takes 1 s per request: the sender packs epochs, but never more
     than 250 values of a key into one request (AzureML would answer 400)."""

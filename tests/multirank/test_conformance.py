@@ -141,6 +141,7 @@ def test_the_docs_table_says_what_the_tests_found(conformance):
 GOLDEN_RANKS = 8
 
 
+@pytest.mark.once
 def test_the_golden_uneven_case_44_validation_samples_over_8_ranks(tmp_path, mlflow_server):
     """Lightning-AI/pytorch-lightning#21859: 44 validation samples over 8 ranks (6,6,6,6,5,5,5,5), oversubscribed
     on 2 cores with a tiny model. Every val_ value is the union's; the plain mean of the ranks' values is shown

@@ -126,6 +126,7 @@ def test_horovods_resume_recipe_with_batch_logging_does_not_hang(tmp_path, mlflo
     report(f"resume_recipe_k{per_execution}", batch_steps=steps, seconds=round(done.seconds, 1), broadcast=broadcast)
 
 
+@pytest.mark.once
 def test_every_mlflow_write_on_rank_1_is_a_no_op(tmp_path, mlflow_server, client):
     run_id = client.create_run(client.create_experiment(f"guard-{uuid.uuid4().hex[:8]}")).info.run_id
     with Proxy(mlflow_server.url) as rank1_server:
