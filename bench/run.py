@@ -1,7 +1,7 @@
 """hvd-mlflow benchmarks: what logging costs a 2-rank Horovod training, side by side, in one run.
 
-    python bench/run.py --quick            # a minute or two; what CI runs
-    python bench/run.py                    # the full numbers (bench/README.md)
+    python -m bench.run --quick            # from the repository's root; a minute or two; what CI runs
+    python -m bench.run                    # the full numbers (bench/README.md)
 
 Run it with the python of the environment to measure (scripts/bench.sh runs both pinned environments).
 Everything talks to a real `mlflow server` on 127.0.0.1, through a proxy that adds latency to each request and
@@ -22,13 +22,13 @@ import time
 import uuid
 from pathlib import Path
 
+from mlflow import MlflowClient
+
+from tests.support.environment import clean_environment
+from tests.support.mlflow_server import MlflowServer, free_port
+from tests.support.proxy import Delay, Proxy
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from mlflow import MlflowClient  # noqa: E402
-
-from tests.support.mlflow_server import MlflowServer, free_port  # noqa: E402
-from tests.support.proxy import Delay, Proxy  # noqa: E402
 
 BIN = Path(sys.executable).parent
 VARIANTS = ("none", "seed", "mlflow", "hvd")
@@ -56,7 +56,7 @@ def seed_recipe_available() -> bool:
 
 
 def run_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_"))}
+    env = clean_environment()
     env["HVD_MLFLOW_LOG_MODELS"] = "0"  # the per-epoch overhead is measured; a model save is a one-off at the end
     env.update(TF_CPP_MIN_LOG_LEVEL="2", HOROVOD_GLOO_TIMEOUT_SECONDS="60", **extra)
     return env

@@ -15,8 +15,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import destination, elastic, guard, keras_flavour, topology
-from ._log import logger
+from . import dependencies, destination, elastic, guard, keras_flavour, topology
 from .callback import HorovodMlflowCallback
 from .config import AutologOptions
 from .errors import HvdMlflowError
@@ -96,7 +95,7 @@ def autolog(
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
     """
     global _options, _run_id
-    _require_mlflow()
+    dependencies.require_mlflow()
     if disable:
         for model_class, original in _originals.items():
             model_class.fit = original
@@ -113,26 +112,12 @@ def autolog(
 
         job_mode = destination.is_azureml_job(mlflow.get_tracking_uri())
         guard.install(topology.current().rank, _run_id, job_mode=job_mode)
-    flavours = keras_flavour.importable()
-    if not flavours:
-        logger.warning(
-            "hvd-mlflow: neither keras nor tf_keras can be imported here, so no fit is logged; install TensorFlow "
-            "(and Horovod built against it): see the support matrix in hvd-mlflow's README"
-        )
-    for flavour in flavours:
+    dependencies.require_training_stack()
+    for flavour in keras_flavour.importable():
         model_class = keras_flavour.model_class(flavour)
         if model_class not in _originals:
             _originals[model_class] = model_class.fit
             model_class.fit = _patched_fit(model_class.fit)
-
-
-def _require_mlflow() -> None:
-    try:
-        import mlflow  # noqa: F401
-    except ImportError as error:
-        raise ImportError(
-            "hvd-mlflow needs the MLflow client: pip install 'mlflow-skinny<=3.15.0' (or 'hvd-mlflow[azureml]')"
-        ) from error
 
 
 def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:

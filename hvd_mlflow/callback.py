@@ -30,7 +30,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import collectives, destination, elastic, journal, keras_flavour, metric_state, model_logging, run_params
+from . import (
+    collectives,
+    dependencies,
+    destination,
+    elastic,
+    journal,
+    keras_flavour,
+    metric_state,
+    model_logging,
+    run_params,
+)
 from ._log import logger, set_silent, warn_once
 from .aggregate import Reducer, numeric_entries, write_back
 from .batch_steps import BatchClock
@@ -84,6 +94,7 @@ class HorovodMlflowCallback:
     _flavour: str | None = None  # set on the concrete per-flavour subclasses
 
     def __new__(cls, *args: Any, model: Any = None, flavour: str | None = None, **kwargs: Any):  # noqa: D102
+        dependencies.require_training_stack()
         if cls._flavour is None:
             chosen = flavour or (keras_flavour.of_model(model) if model is not None else keras_flavour.of_tf_keras())
             cls = _concrete_class(chosen)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.metadata
 import os
 import platform
 from collections.abc import Callable
 
-from . import destination, journal, keras_flavour, topology
+from . import dependencies, destination, journal, keras_flavour, topology
+from .dependencies import installed_version
 from .redact import mask_uri
 
 
@@ -19,13 +18,6 @@ class Check:
     value: str
     ok: bool = True
     fix: str = ""
-
-
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _guard(name: str, fix: str, probe: Callable[[], Check]) -> Check:
@@ -46,7 +38,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
         return Check("tensorflow", f"{tf.__version__}; tf.keras is {flavour} {keras_flavour.version(flavour)} "
                      f"(TF_USE_LEGACY_KERAS={legacy or 'unset'})")  # fmt: skip
 
-    out.append(_guard("tensorflow", "pip install tensorflow-cpu==2.16.2 (see README support matrix)", tensorflow))
+    out.append(_guard("tensorflow", dependencies.TENSORFLOW, tensorflow))
 
     def horovod() -> Check:
         import horovod
@@ -56,12 +48,12 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
         keras_layer = "broken on Keras 3 (hvd-mlflow does not use it)" if _keras3() else "usable"
         return Check("horovod", f"{horovod.__version__}; controllers {', '.join(controllers) or 'none'}; "
                      f"Horovod's Keras callbacks: {keras_layer}", ok=bool(controllers),
-                     fix="rebuild horovod with HOROVOD_WITH_GLOO=1 (scripts/setup-env.sh)")  # fmt: skip
+                     fix=dependencies.HOROVOD_GLOO)  # fmt: skip
 
-    out.append(_guard("horovod", "build horovod 0.28.1 against this TensorFlow: scripts/setup-env.sh", horovod))
+    out.append(_guard("horovod", f"build horovod 0.28.1 against this TensorFlow: {dependencies.HOROVOD}", horovod))
     where = topology.current()
     out.append(Check("ranks", f"rank {where.rank} of {where.size} (from {where.source})"))
-    out.append(_guard("mlflow", "pip install 'mlflow-skinny<=3.15.0'", lambda: Check("mlflow", _mlflow_version())))
+    out.append(_guard("mlflow", dependencies.MLFLOW, lambda: Check("mlflow", _mlflow_version())))
 
     def tracking() -> Check:
         import mlflow
@@ -72,11 +64,11 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
         return Check("tracking URI", f"{mask_uri(uri)} ({detail})", ok=reachable, fix=fix)
 
     out.append(_guard("tracking URI", "check MLFLOW_TRACKING_URI", tracking))
-    plugin = _version("azureml-mlflow")
+    plugin = installed_version("azureml-mlflow")
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     uses = destination.is_azureml(uri)
     out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
-                     ok=bool(plugin) or not uses, fix="pip install 'hvd-mlflow[azureml]'"))  # fmt: skip
+                     ok=bool(plugin) or not uses, fix=dependencies.AZUREML))  # fmt: skip
     job = destination.is_azureml_job(uri)
     out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
     out.append(_guard("per-run limits", "fix the HVD_MLFLOW_* variable it names", lambda: _budget(uri)))

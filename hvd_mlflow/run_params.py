@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -10,24 +9,18 @@ from typing import Any
 from . import keras_flavour
 from ._version import __version__
 from .aggregate import scalar
-
-
-def _distribution_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+from .dependencies import installed_version
 
 
 def versions(flavour: str) -> dict[str, str]:
     tf = sys.modules.get("tensorflow")
     found = {
         "tensorflow_version": getattr(tf, "__version__", None)
-        or _distribution_version("tensorflow-cpu")
-        or _distribution_version("tensorflow"),
+        or installed_version("tensorflow-cpu")
+        or installed_version("tensorflow"),
         "keras_version": keras_flavour.version(flavour),
-        "horovod_version": _distribution_version("horovod"),
-        "mlflow_version": _distribution_version("mlflow-skinny") or _distribution_version("mlflow"),
+        "horovod_version": installed_version("horovod"),
+        "mlflow_version": installed_version("mlflow-skinny") or installed_version("mlflow"),
         "hvd_mlflow_version": __version__,
     }
     return {k: v for k, v in found.items() if v}

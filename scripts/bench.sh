@@ -12,7 +12,7 @@ out=bench/results
 [ "$mode" = "--quick" ] && out=$(mktemp -d)
 mkdir -p "$out"
 # TF 2.15 (Keras 2): the only environment where Horovod's MetricAverageCallback (the seed recipe) runs.
-"$venv215/bin/python" bench/run.py $mode --out "$out/tf2.15.json"
+"$venv215/bin/python" -m bench.run $mode --out "$out/tf2.15.json"
 # TF 2.16 with tf_keras, as AzureML's curated images run it.
-TF_USE_LEGACY_KERAS=1 "$venv/bin/python" bench/run.py $mode --out "$out/tf2.16-tf_keras.json"
+TF_USE_LEGACY_KERAS=1 "$venv/bin/python" -m bench.run $mode --out "$out/tf2.16-tf_keras.json"
 "$venv/bin/python" bench/report.py "$out" ${mode:+--no-write}

@@ -65,10 +65,6 @@ pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horov
 log "installing hvd-mlflow (editable) with the test and azureml extras"
 pip install -c "$constraints" -e "$root[test,azureml]"
 
-"$venv/bin/python" - <<'PY' >&2
-import horovod, horovod.tensorflow, tensorflow as tf, mlflow, numpy
-print("tensorflow", tf.__version__, "| horovod", horovod.__version__, "| mlflow", mlflow.__version__,
-      "| numpy", numpy.__version__)
-PY
+"$venv/bin/python" "$root/scripts/check_environment.py"
 echo "$want" > "$stamp"
 echo "$venv"

@@ -20,8 +20,8 @@ if ! command -v chromium >/dev/null; then
 fi
 echo "== setup done in $(( $(date +%s) - start )) s"
 
-"$venv/bin/ruff" check hvd_mlflow tests examples || exit 1
-"$venv/bin/ruff" format --check hvd_mlflow tests examples || exit 1
+"$venv/bin/ruff" check . || exit 1  # every Python file of the repository, bench/ and scripts/ included
+"$venv/bin/ruff" format --check . || exit 1
 
 export TF_CPP_MIN_LOG_LEVEL=2
 reports=$(mktemp -d)
@@ -44,19 +44,9 @@ run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
 
 echo "== benchmarks, quick mode (TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)
-"$venv215/bin/python" bench/run.py --quick || status=1
+"$venv215/bin/python" -m bench.run --quick || status=1
 echo "== benchmarks: $(( $(date +%s) - t0 )) s"
 
-"$venv/bin/python" - "$reports" <<'PY'
-import sys, pathlib, xml.etree.ElementTree as ET
-passed = failed = skipped = 0
-for report in sorted(pathlib.Path(sys.argv[1]).glob("*.xml")):
-    for suite in ET.parse(report).getroot().iter("testsuite"):
-        total, bad = int(suite.get("tests")), int(suite.get("failures")) + int(suite.get("errors"))
-        skip = int(suite.get("skipped"))
-        print(f"  {report.stem}: {total - bad - skip} passed, {bad} failed, {skip} skipped")
-        passed += total - bad - skip; failed += bad; skipped += skip
-print(f"total: {passed} passed, {failed} failed, {skipped} skipped")
-PY
+"$venv/bin/python" scripts/junit_summary.py "$reports"
 echo "== all done in $(( $(date +%s) - start )) s"
 exit $status

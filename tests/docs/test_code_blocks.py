@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.environment import clean_environment
+
 pytestmark = [pytest.mark.docs, pytest.mark.timeout(1800)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +82,7 @@ def blocks(page: Path) -> list[Block]:
 
 
 def environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_", "AZUREML_"))}
+    env = clean_environment()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", HOROVOD_GLOO_TIMEOUT_SECONDS="60")
     return env

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import uuid
 
-import numpy as np
 import pytest
 
 from tests.support import launch
+from tests.support.checks import expected_global
 from tests.support.proxy import Proxy
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -20,17 +20,9 @@ EPOCHS = 4
 DYNAMICS = {"learning_rate", "epoch_time_s", "samples_per_s"}  # rank 0's per-epoch extras
 
 
-def expected_global(ranks: list[dict]) -> dict[str, list[float]]:
-    """Per key, per epoch: the mean over ranks of each rank's own Keras value. Every rank has as many samples
-    here, so the exact global value (the default reduction) is that mean, up to float32 rounding of the metric
-    states; tests/multirank/test_reductions.py covers uneven shards."""
-    keys = ranks[0]["local"][0].keys()
-    return {key: [float(np.mean([r["local"][epoch][key] for r in ranks])) for epoch in range(EPOCHS)] for key in keys}
-
-
 def assert_run_holds_global_values(client, run_id: str, ranks: list[dict]) -> int:
     """Every metric: exactly EPOCHS points, steps 0..EPOCHS-1, each the mean of the ranks' local values."""
-    expected = expected_global(ranks)
+    expected = expected_global(ranks, EPOCHS)
     assert set(expected) >= {"loss", "accuracy", "val_loss", "val_accuracy"}
     run = client.get_run(run_id)
     assert set(run.data.metrics) == set(expected) | DYNAMICS
@@ -169,7 +161,7 @@ def test_csv_sidecar_in_keras_format_and_import_csv(tmp_path, mlflow_server, cli
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id, "HVD_MLFLOW_CSV_PATH": "metrics.csv"}
     done = launch.run(tmp_path, ["--epochs", str(EPOCHS)], env=env).check()
     ranks = [done.rank(0), done.rank(1)]
-    expected = expected_global(ranks)
+    expected = expected_global(ranks, EPOCHS)
     rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
     assert list(rows[0]) == ["epoch", *sorted(expected)]  # CSVLogger: epoch, then the keys sorted
     for epoch, row in enumerate(rows):

@@ -11,6 +11,7 @@ from pathlib import Path
 from mlflow.entities import Metric
 
 from hvd_mlflow.plotting import curves
+from tests.support.environment import clean_environment
 
 CLI = str(Path(sys.executable).parent / "hvd-mlflow")
 
@@ -52,9 +53,8 @@ def test_every_command_has_help():
 
 
 def doctor(cwd, **env):
-    import os
 
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_"))}
+    clean = clean_environment()
     return subprocess.run([CLI, "doctor"], cwd=cwd, env={**clean, "TF_CPP_MIN_LOG_LEVEL": "3", **env},
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 

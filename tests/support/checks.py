@@ -4,7 +4,6 @@ what the real server holds against what Keras computed on each rank."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from tests.conftest import ARTIFACTS
 from tests.support import launch
+from tests.support.environment import clean_environment
 
 # Make MLflow's own retries short, as a user who tunes them would (defaults: 7 retries, ~4 minutes).
 FAST_RETRIES = {
@@ -61,7 +61,7 @@ def report(name: str, **values) -> None:
 
 
 def sync(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_"))}
+    clean = clean_environment()
     return subprocess.run(
         [str(Path(sys.executable).parent / "hvd-mlflow"), "sync", *args],
         cwd=cwd,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.environment import clean_environment
 
 WORKER = Path(__file__).resolve().parent.parent / "workers" / "fit_worker.py"
 BIN = Path(sys.executable).parent
@@ -30,7 +31,7 @@ class Launch:
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "HVD_MLFLOW_", "AZUREML_"))}
+    env = clean_environment()
     env.update(
         HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="30",
         HOROVOD_GLOO_TIMEOUT_SECONDS="60",

@@ -1,0 +1,48 @@
+"""What hvd-mlflow needs besides its own requirements, how to tell whether it is there, and the pip command that
+installs it: the one place ``autolog()``, the callback and ``hvd-mlflow doctor`` take them from.
+
+TensorFlow and Horovod are not requirements of the package (an image usually has its own, and Horovod must be
+compiled against that TensorFlow); without them hvd-mlflow says so, once, with the command to run.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+from .errors import HvdMlflowError
+
+TENSORFLOW = "pip install 'tensorflow-cpu==2.16.2' && pip install --no-deps 'tf-keras==2.16.0'"
+HOROVOD = ("CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
+           "pip install --no-build-isolation --no-cache-dir 'horovod==0.28.1'")  # fmt: skip
+HOROVOD_GLOO = "the same pip command with HOROVOD_WITH_GLOO=1: " + HOROVOD
+MLFLOW = "pip install 'mlflow-skinny<=3.15.0'"
+AZUREML = "pip install 'hvd-mlflow[azureml]'"
+
+
+class MissingDependencyError(HvdMlflowError, ImportError):
+    """TensorFlow, Horovod or MLflow cannot be imported here."""
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of a distribution (a pip package name), or ``None``."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def require_training_stack() -> None:
+    """TensorFlow and Horovod importable, else one error naming what is missing and the command that installs it."""
+    missing = []
+    if importlib.util.find_spec("tensorflow") is None:
+        missing.append(f"TensorFlow ({TENSORFLOW})")
+    if importlib.util.find_spec("horovod") is None:
+        missing.append(f"Horovod, built against that TensorFlow ({HOROVOD})")
+    if missing:
+        raise MissingDependencyError("hvd-mlflow needs " + " and ".join(missing))
+
+
+def require_mlflow() -> None:
+    if importlib.util.find_spec("mlflow") is None:
+        raise MissingDependencyError(f"hvd-mlflow needs the MLflow client: {MLFLOW} (or {AZUREML})")

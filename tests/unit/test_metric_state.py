@@ -1,0 +1,54 @@
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from hvd_mlflow import metric_state
+
+keras = tf.keras
+
+
+class RunningMax(keras.metrics.Metric):
+    def __init__(self, name="worst", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.value = self.add_weight(name="value", shape=(), initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.value.assign(tf.maximum(self.value, tf.reduce_max(tf.abs(tf.reshape(y_true, [-1]) -
+                                                                      tf.reshape(y_pred, [-1])))))  # fmt: skip
+
+    def result(self):
+        return tf.identity(self.value)
+
+
+class Counter(RunningMax):
+    hvd_mlflow_additive = True
+
+
+def trained(metrics):
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=metrics)
+    x = np.arange(16, dtype="float32").reshape(8, 2) / 10
+    model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0)
+    return model
+
+
+def test_the_keys_of_a_non_additive_metric_are_found_and_the_state_is_restored():
+    model = trained(["mae", RunningMax()])
+    before = metric_state.capture(model, prefix="").values.copy()
+    assert metric_state.inexact_keys(model) == {"worst"}
+    assert metric_state.capture(model, prefix="").values.tolist() == before.tolist()
+
+
+def test_a_declared_additive_metric_is_exact_and_builtins_are_additive():
+    model = trained(["mae", Counter()])
+    assert metric_state.inexact_keys(model) == set()
+    assert all(metric_state.is_additive(m) for m in metric_state.leaf_metrics(model))
+
+
+def test_compute_from_a_summed_state_is_the_metric_of_both_shards():
+    model = trained(["mae"])
+    state = metric_state.capture(model, prefix="val_")
+    doubled = metric_state.capture(model, prefix="").compute(state.values * 2)  # two identical shards
+    assert doubled["mae"] == float(np.asarray(model.get_metrics_result()["mae"]))  # twice the same shard: same mean
+    assert "val_mae" in state.compute(state.values)
