@@ -24,6 +24,7 @@ def main() -> None:
     process = psutil.Process()
     dest = Destination(dead_uri, run_id, None, None, job_mode=False)
     run_logger = RunLogger(dest, journal_dir)
+    run_logger.start()  # its sender keeps trying the dead server meanwhile, as in a real outage
     samples = []
     values = {f"m{i:03d}": 0.0 for i in range(metrics)}
     start = time.perf_counter()
@@ -32,7 +33,7 @@ def main() -> None:
         if epoch in (epochs // 10, epochs // 2, epochs - 1):
             samples.append({"epoch": epoch + 1, "rss_mb": process.memory_info().rss / 2**20})
     append_s = (time.perf_counter() - start) / epochs
-    path = run_logger.journal.path
+    path = run_logger.journal.location
     size = sum(Path(str(path) + s).stat().st_size for s in ("", "-wal") if Path(str(path) + s).exists())
     print("RESULT " + json.dumps({"samples": samples, "journal_mb": size / 2**20, "append_ms": append_s * 1e3,
                                   "journal": str(path)}))  # fmt: skip

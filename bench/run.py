@@ -194,6 +194,7 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment(f"bench-vis-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(server.url, run_id, None, None, False), work / "vis-journal")
+    run_logger.start()
     delays = []
     for step in range(samples):
         start = time.perf_counter()
@@ -202,7 +203,7 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
             time.sleep(0.005)
         delays.append(time.perf_counter() - start)
         time.sleep(0.05)
-    run_logger.close("FINISHED", timeout=30)
+    run_logger.close("FINISHED", deadline=time.monotonic() + 30)
     return {"median_s": statistics.median(delays), "max_s": max(delays), "samples": samples}
 
 
@@ -226,10 +227,49 @@ def memory(server: MlflowServer, epochs: int, metrics: int, work: Path) -> dict:
     return result
 
 
+def realistic(
+    server: MlflowServer, latencies: list[float], pairs: int, epochs: int, work: Path, variants: list[str] | None
+) -> list[dict]:
+    """The per-epoch cost on a realistic model (bench/paired_worker.py), by pairs inside one job per variant."""
+    variants = variants or ["hvd", "hvd-mean", "hvd-system", "mlflow", *(["seed"] if seed_recipe_available() else [])]
+    rows = []
+    for latency in latencies:
+        for variant in variants:
+            out = Path(tempfile.mkdtemp(dir=work))
+            client = MlflowClient(server.url)
+            experiment = client.create_experiment(f"bench-paired-{uuid.uuid4().hex[:8]}")
+            fault = (lambda r, d=latency: Delay(d)) if latency else None
+            args = ["--variant", variant, "--pairs", str(pairs), "--epochs", str(epochs), "--out", str(out)]
+            with Proxy(server.url, fault=fault) as proxy:
+                env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
+                launch("paired_worker.py", [*args, *(["--profile"] if variant == "hvd" else [])], env, out,
+                       timeout=3600)  # fmt: skip
+                metric_requests = len(proxy.metric_requests())
+            result = json.loads((out / "result.json").read_text())
+            added = [(p["with_s"] - p["without_s"]) * 1000 for p in result["pairs"]]
+            ratios = [p["with_s"] / p["without_s"] for p in result["pairs"]]
+            rows.append({
+                "latency_ms": int(latency * 1000), "variant": variant, "pairs": pairs, "epochs_per_fit": epochs,
+                "epoch_s_without": statistics.median(p["without_s"] for p in result["pairs"]),
+                "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "metric_requests_per_epoch": metric_requests / (pairs * epochs), "profile_ms": result["profile_ms"],
+            })  # fmt: skip
+    return rows
+
+
+def divergence_cost(repeats: int) -> dict:
+    """The divergence check's fingerprint per epoch, at about 1 M and 25 M parameters (bench/divergence_worker.py)."""
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "divergence_worker.py"), str(repeats)],
+                          capture_output=True, text=True, env=run_env({}), timeout=1800)  # fmt: skip
+    return json.loads(next(line for line in done.stdout.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--only", choices=["realistic"], help="run only this section")
     args = parser.parse_args()
     quick = args.quick
     results: dict = {"environment": environment(), "mode": "quick" if quick else "full", "command": " ".join(sys.argv)}
@@ -237,6 +277,11 @@ def main() -> None:
         work = Path(tmp)
         server = MlflowServer(work / "server").start()
         try:
+            results["realistic"] = realistic(server, [0.0] if quick else [0.0, 0.3], 1 if quick else 6,
+                                             3 if quick else 5, work, ["hvd"] if quick else None)  # fmt: skip
+            results["divergence"] = divergence_cost(5 if quick else 30)
+            if args.only == "realistic":
+                raise _Done
             results["epochs"] = 10 if quick else 60
             results["overhead"] = overhead(server, [0.0, 0.1] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
                                            results["epochs"], work)  # fmt: skip
@@ -244,6 +289,8 @@ def main() -> None:
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
             results["memory"] = memory(server, 1000 if quick else 10000, 100, work)
+        except _Done:
+            pass
         finally:
             server.stop()
     report(results)
@@ -252,9 +299,29 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=2))
 
 
+class _Done(Exception):
+    """The sections asked for are done."""
+
+
 def report(results: dict) -> None:
     env = results["environment"]
     print(f"\n== hvd-mlflow benchmark ({results['mode']}): TF {env['tensorflow']}, {env['keras']}, {env['cpus']} CPUs")
+    print("realistic model (dense 128-512-512-1, accuracy + AUC, ~0.5 s epochs), by pairs in one job:")
+    for r in results.get("realistic", []):
+        print(f"  {r['latency_ms']:>4} ms {r['variant']:>8}: +{r['added_ms_median']:6.1f} ms/epoch, "
+              f"x{r['ratio_median']:.4f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) on "
+              f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
+              f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch")  # fmt: skip
+        if r["profile_ms"]:
+            print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
+                                                                          r["profile_ms"].items()))  # fmt: skip
+    for d in results.get("divergence", {}).values():
+        print(
+            f"  divergence check, {d['parameters'] / 1e6:.1f} M parameters: {d['median_ms']:.2f} ms per epoch "
+            f"(max {d['max_ms']:.2f})"
+        )
+    if "overhead" not in results:
+        return
     print(f"{'latency':>8} {'variant':>7} {'fit/none':>9} {'(min-max)':>13} {'w/o flush':>9} {'flush s':>8} "
           f"{'req/epoch':>9} {'pts/metric/epoch':>16} {'global':>6}")  # fmt: skip
     for r in results["overhead"]:

@@ -97,15 +97,19 @@ def mismatch_message(key_lists: list[list[str]]) -> str:
 class Reducer:
     """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
 
-    def __init__(self, collectives: Collectives, mode: str = "exact", spread: Sequence[str] = ()) -> None:
+    def __init__(
+        self, collectives: Collectives, mode: str = "exact", spread: Sequence[str] = (), gather: bool = False
+    ) -> None:
         if mode not in REDUCTIONS:
             raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
         self._comm = collectives
         self.mode = mode
         self.spread_keys = tuple(spread)
+        self._gather_rows = gather or bool(self.spread_keys)  # one row per rank from the collective: an allgather
         self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
         self.spread: dict[str, float] = {}  # after reduce(): "<key>_rank_min"/"_rank_max" of the spread keys
         self.carried: dict[str, float] = {}  # after reduce(): the sums over ranks of what each rank carried
+        self.carried_per_rank: dict[str, list[float]] = {}  # after reduce() in gather mode: each rank's own
         self.inexact: set[str] = set()  # after reduce() with exact: keys whose value is the weighted mean
 
     def reduce(
@@ -138,10 +142,10 @@ class Reducer:
             total, per_rank = vector, vector[None, :]
         else:
             try:
-                if self.spread_keys:
+                if self._gather_rows:
                     total, per_rank = self._gather(vector, keys, layout, tag)
                 else:
-                    total = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}")
+                    total, per_rank = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}"), None
             except Exception as error:
                 # Horovod refuses vectors of different lengths on every rank alike ("Mismatched ..."): then, and
                 # only then, every rank gathers the layouts to say which keys differ. Any other error (an elastic
@@ -154,6 +158,9 @@ class Reducer:
             self._raise_if_layouts_differ(keys, layout, tag)
         at = total.size - 2 - len(carry)
         self.carried = {name: float(total[at + i]) for i, name in enumerate(carry)}
+        self.carried_per_rank = (
+            {name: per_rank[:, at + i].tolist() for i, name in enumerate(carry)} if per_rank is not None else {}
+        )
         self.spread = {}
         for key in spread:
             column = per_rank[:, keys.index(key)]

@@ -40,6 +40,10 @@ def autolog(
     rank_spread: Sequence[str] | str | None = None,
     resume: str | None = None,
     log_models: bool | None = None,
+    max_metric_names: int | None = None,
+    max_rows_per_metric: int | None = None,
+    check_divergence: bool | None = None,
+    system_metrics: bool | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -60,36 +64,14 @@ def autolog(
 
     Args:
         disable: undo a previous ``autolog()``: ``fit`` is restored.
-        reduction: ``"exact"`` (default): each Keras metric computed from its state summed over ranks, i.e. on
-            all ranks' samples together (right for uneven shards, AUC, precision, recall); ``"weighted"``: the
-            mean weighted by each rank's samples; ``"mean"``: Horovod's unweighted mean (``HVD_MLFLOW_REDUCTION``).
-        silent: no warnings from hvd-mlflow (``HVD_MLFLOW_SILENT``).
-        extra_tags: tags added to every run (``HVD_MLFLOW_EXTRA_TAGS="k=v,k2=v2"``).
-        extra_params: params added to every run, e.g. your hyperparameters (``HVD_MLFLOW_EXTRA_PARAMS``).
-        flush_timeout: seconds ``fit`` waits at its end for undelivered metrics (``HVD_MLFLOW_FLUSH_TIMEOUT``,
-            default 60); what is left stays in the journal for ``hvd-mlflow sync``.
-        run_wait: seconds rank 0 waits at train begin for a new run to open, so that every rank learns its id
-            (``HVD_MLFLOW_RUN_WAIT``, default 5); logging goes on in the background either way.
-        journal_dir: where rank 0 journals what it logs (``HVD_MLFLOW_JOURNAL_DIR``, default
-            ``.hvd_mlflow/journal`` in the working directory).
-        guard_other_ranks: on ranks other than 0, make ``mlflow.log_*``, ``mlflow.start_run``,
-            ``mlflow.autolog`` and ``mlflow.<flavour>.autolog`` no-ops with one warning, since every rank of an
-            AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on). MLflow's own
-            TensorFlow/Keras autologging is turned off on every rank (it would log every metric twice).
-        csv_path: rank 0 also writes the global values there with Keras' own ``CSVLogger`` (the format of the
-            usual ``MetricAverageCallback`` + ``CSVLogger`` recipe), appending when ``fit`` resumes
-            (``HVD_MLFLOW_CSV_PATH``).
-        log_every_n_steps: also log batch-level values every N batches as ``batch/<name>`` at the global step
-            (the optimizer's iterations), reduced over ranks (``HVD_MLFLOW_LOG_EVERY_N_STEPS``, default 0: off).
-        rank_spread: keys whose minimum and maximum over ranks are logged too, as ``<key>_rank_min`` and
-            ``<key>_rank_max`` (``HVD_MLFLOW_RANK_SPREAD="loss,val_loss"``).
-        resume: ``"skip"`` (default): when the run already holds epochs (a restarted job, a second ``fit``),
-            points at or below a metric's last logged step are not sent again and unchanged params are fine
-            (changed ones: a warning and a ``param_changed.<name>`` tag); ``"log"``: send everything
-            (``HVD_MLFLOW_RESUME``).
-        log_models: rank 0 logs the trained model at the end of ``fit``: an MLflow model where the server
-            supports logged models, plain artifacts under ``model/`` on AzureML (``HVD_MLFLOW_LOG_MODELS``;
-            default on outside AzureML jobs, off inside them).
+        reduction, silent, extra_tags, extra_params, flush_timeout, run_wait, journal_dir, csv_path,
+            log_every_n_steps, rank_spread, resume, log_models, max_metric_names, max_rows_per_metric,
+            check_divergence, system_metrics: the options of the callback, each described once in
+            :class:`hvd_mlflow.config.Options` (and in docs/reference.md, checked against it); each defaults to
+            its ``HVD_MLFLOW_<NAME>`` environment variable, then to the documented default.
+        guard_other_ranks: on ranks other than 0, every MLflow write does nothing (one warning each), since every
+            rank of an AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on; see
+            :mod:`hvd_mlflow.guard`). MLflow's own TensorFlow/Keras autologging is off on every rank either way.
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.

@@ -20,6 +20,10 @@ The decisions that choose which collectives a rank calls, each the same on every
   (validation or not, ``validation_freq``) alike on every rank, and its layout is checked inside the same
   collective: a difference raises on every rank (:mod:`hvd_mlflow.aggregate`).
 * nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
+
+The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.epoch_exchange` what
+rides in the epoch's collective besides the metrics (every rank); :mod:`hvd_mlflow.rank_zero_steps` what rank 0
+alone does (always called inside the guard).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from . import (
@@ -35,27 +38,27 @@ from . import (
     dependencies,
     destination,
     elastic,
-    journal,
     keras_flavour,
     metric_state,
-    model_logging,
     run_params,
+    topology,
 )
-from ._log import logger, set_silent, warn_once
+from ._log import set_silent, warn_once
 from .aggregate import Reducer, numeric_entries, write_back
 from .batch_steps import BatchClock
 from .config import Options
+from .epoch_exchange import EpochExchange
 from .fit_plan import Proposal, agree
 from .names import NameMap
 from .rank_zero import RankZeroGuard
+from .rank_zero_steps import RankZeroSteps
 from .run_logger import RunLogger
+from .system_metrics import SystemSampler
 
 _concrete_classes: dict[str, type] = {}
-HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
-INEXACT_TAG = "hvd_mlflow.inexact_keys"  # which logged values are the sample-weighted mean, not exact
 
 
-class HorovodMlflowCallback:
+class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
     """Make Keras' epoch metrics global over all Horovod ranks and log them to MLflow from rank 0.
 
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
@@ -120,17 +123,21 @@ class HorovodMlflowCallback:
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
         self._run_logger: RunLogger | None = None  # rank 0 only, while logging
         self._csv_logger: Any = None  # rank 0 only, with csv_path
+        self._sampler: SystemSampler | None = None  # every rank, with system_metrics
         self._finished = True
         self._begin_fit_state()
 
     def _begin_fit_state(self) -> None:
-        self._reducer = Reducer(self._comm, self.options.reduction, spread=self.options.rank_spread)
+        self._reducer = Reducer(
+            self._comm, self.options.reduction, spread=self.options.rank_spread, gather=self.options.system_metrics
+        )
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
         self._clock = BatchClock(0, self.options.log_every_n_steps)
         self._train_state: metric_state.MetricState | None = None
         self._train_samples = 0.0  # reduction="mean": this rank's training samples, kept before validation
         self._not_additive: set[str] | None = None  # result keys of metrics whose state does not add up
         self._inexact_logged: set[str] = set()
+        self._diverged_at: int | None = None  # the first epoch the ranks' weights differed (every rank knows it)
         self._validating = False
         self._params_logged = bool(self._elastic and self._elastic.link.params_logged)
         self._owns_run = False
@@ -186,6 +193,9 @@ class HorovodMlflowCallback:
                     "'auto' lets each rank tune it on its own, so ranks cannot agree on batches; give a number",
                 )
         self._clock = BatchClock(plan.first_step, every, per_execution)
+        if self.options.system_metrics:  # every rank samples its own process
+            self._sampler = SystemSampler(topology.current().local_rank)
+            self._sampler.start()
         if self._logging:
             with self._rank0.step("starting the sender"):  # without it the journal still keeps everything, for sync
                 self._run_logger.start()
@@ -263,6 +273,7 @@ class HorovodMlflowCallback:
         values = {**global_values, **self._reducer.spread}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
+        logged.update(self._ranks_health(epoch))
         if self._logging and self._reducer.inexact - self._inexact_logged:
             with self._rank0.step("recording which values are not exact"):
                 self._record_inexact()
@@ -284,27 +295,6 @@ class HorovodMlflowCallback:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)
 
-    def _not_additive_keys(self) -> set[str]:
-        """The result keys (train and ``val_``) of metrics whose state does not add up: found once per fit, when
-        the metrics are built, on every rank alike (from the model)."""
-        if self._not_additive is None:
-            keys = metric_state.inexact_keys(self.model) if self.options.reduction == "exact" else set()
-            self._not_additive = keys | {f"val_{k}" for k in keys}
-        return self._not_additive
-
-    def _epoch_carry(self) -> dict[str, float]:
-        """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
-        carry: dict[str, float] = {}
-        if self._clock.every > 0:  # rank 0's optimizer step (the others carry 0): the step every rank agrees on
-            step = math.nan
-            if self._comm.rank == 0:
-                with self._rank0.step("reading the optimizer's step"):
-                    step = float(run_params.optimizer_iterations(self.model) or math.nan)
-            carry["rank0_step"] = step if self._comm.rank == 0 else 0.0
-        if self.options.reduction == "mean":  # the exact reductions count samples in the metric states
-            carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
-        return carry
-
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._end_fit("FINISHED")
 
@@ -314,6 +304,7 @@ class HorovodMlflowCallback:
         if self._finished:
             return
         self._finished = True
+        self._stop_sampler()
         if self._run_logger is None:
             return
         deadline = time.monotonic() + self.options.flush_timeout
@@ -332,173 +323,13 @@ class HorovodMlflowCallback:
     def _after_reset(self) -> None:
         """``fit`` was cut by an elastic reset and will run again: stop sending at once, leave the run open."""
         self._finished = True
+        self._stop_sampler()
         self._hand_over()
 
-    def _hand_over(self) -> None:
-        run_logger, self._run_logger = self._run_logger, None
-        self._close_csv()
-        if run_logger is None:
-            return
-        with self._rank0.step("handing the run over after a reset"):
-            if self._elastic is not None and run_logger.sender.run_id:  # learned after run_wait: keep it
-                self._elastic.agreed_run(run_logger.sender.run_id, self._owns_run)
-            try:
-                run_logger.journal.update_meta(ended=True)  # its run goes on: sync must not end it
-            finally:
-                run_logger.stop(wait=HAND_OVER_WAIT_S)
-
-    def _end_cut_fit(self) -> None:
-        """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
-        run_logger, self._run_logger = self._run_logger, None
-        self._close_csv()
-        if run_logger is not None:
-            with self._rank0.step("ending the previous fit's run"):
-                run_logger.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
-
-    def _stop_logging(self) -> None:
-        """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
-        run_logger, self._run_logger = self._run_logger, None
-        try:
-            self._close_csv()
-            if run_logger is not None:
-                run_logger.stop()
-        except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
-            logger.warning("hvd-mlflow: could not stop the sender cleanly: %s", error)
-
-    def _close_csv(self) -> None:
-        csv, self._csv_logger = self._csv_logger, None
-        if csv is not None:
-            with self._rank0.step("the CSV file"):
-                csv.on_train_end()
-
-    # -- rank 0 --------------------------------------------------------------------------------------
-    def _start_logging(self) -> None:
-        """Open rank 0's journal, and learn the run id (within ``run_wait`` when the sender must create the run)."""
-        link = self._elastic.link if self._elastic else None
-        dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
-        tags = run_params.run_tags(
-            world_size=self._comm.size,
-            reduction=self.options.reduction,
-            flavour=self._flavour or "keras",
-            extra=self.options.extra_tags,
-        )
-        directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
-        self._owns_run = dest.run_id is None or bool(link and link.owns_run)
-        self._run_logger = RunLogger(
-            dest,
-            directory,
-            run_tags=tags,
-            resume=self.options.resume,
-            owns_run=self._owns_run,
-            elastic=bool(link),
-            max_metric_names=self.options.max_metric_names,
-            max_rows_per_metric=self.options.max_rows_per_metric,
-        )
-        self.run_id = dest.run_id
-        if dest.run_id is not None:
-            return
-        with self._rank0.step("starting the sender"):  # it creates the run: start now, so every rank learns its id
-            self._run_logger.start()
-        if self._run_logger.sender.alive:
-            self.run_id = self._run_logger.wait_for_run(self.options.run_wait)
-        if self.run_id is None:
-            logger.info(
-                "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
-                "sent when it answers (other ranks do not learn the run id)",
-                dest.display_uri,
-                self.options.run_wait,
-            )
-
-    def _within_row_limit(self, every: int) -> int:
-        """``every``, raised so that this fit's ``batch/`` curves keep within the server's rows per metric."""
-        assert self._run_logger is not None
-        rows = self._run_logger.limits.rows_per_metric
-        params = self.params or {}
-        steps, epochs = params.get("steps"), params.get("epochs")
-        if not (rows and steps and epochs) or epochs * steps // every <= rows:
-            return every
-        raised = -(-epochs * steps // rows)
-        logger.warning(
-            "hvd-mlflow: log_every_n_steps=%d would log %d values of each batch/ curve, over the %d a metric may "
-            "hold here (max_rows_per_metric); logging every %d steps instead",
-            every,
-            epochs * steps // every,
-            rows,
-            raised,
-        )
-        return raised
-
-    def _log_params(self, epoch: int) -> None:
-        assert self._run_logger is not None
-        params = run_params.training_params(
-            self.params or {},
-            self.model,
-            world_size=self._comm.size,
-            batch_size=self._batch_size,
-            initial_epoch=epoch,
-            flavour=self._flavour or "keras",
-        )
-        self._run_logger.log_params({**params, **self.options.extra_params})
-
-    def _timing(self) -> dict[str, float]:
-        """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""
-        seconds = time.perf_counter() - self._epoch_start
-        out = {"epoch_time_s": seconds}
-        samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
-        if samples and seconds > 0:
-            out["samples_per_s"] = samples / seconds
-        return out
-
-    def _open_csv(self, append: bool) -> None:
-        if self._csv_logger is None:
-            self._csv_logger = keras_flavour.csv_logger(self._flavour or "keras", self.options.csv_path, append)
-            self._csv_logger.set_model(self.model)
-            self._csv_logger.set_params(self.params or {})
-            self._csv_logger.on_train_begin()
-
-    def _logs_models(self) -> bool:
-        """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside."""
-        if self.options.log_models is not None:
-            return self.options.log_models
-        import mlflow
-
-        return not destination.is_azureml_job(mlflow.get_tracking_uri())
-
-    def _log_model(self, deadline: float) -> None:
-        import mlflow
-
-        assert self._run_logger is not None, "only rank 0, while logging, logs the model"
-        if self._run_logger.server_down:
-            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
-            return
-        wait = min(self.options.run_wait, deadline - time.monotonic())
-        run_id = self.run_id or self._run_logger.wait_for_run(wait)
-        if run_id is None:
-            logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
-            return
-        as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        model_logging.log_model(
-            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
-        )
-
-    def _record_inexact(self) -> None:
-        """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""
-        assert self._run_logger is not None
-        inexact = self._reducer.inexact | self._inexact_logged
-        from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
-        if from_metrics and not set(from_metrics) <= self._inexact_logged:
-            names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})
-            warn_once(
-                "non-additive:" + ",".join(names),
-                "hvd-mlflow: metric(s) %s keep a state that may not add up over ranks (their update_state or "
-                "result is your code), so %s are the sample-weighted mean of the ranks' values, not the exact "
-                "value. If the state does add up (counts, sums), declare it: hvd_mlflow_additive = True on the "
-                "metric's class.",
-                ", ".join(names),
-                ", ".join(from_metrics),
-            )
-        self._inexact_logged = inexact
-        self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
+    def _stop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
 
     # -- used by autolog -------------------------------------------------------------------------------
     def _set_fit_arguments(self, batch_size: int | None) -> None:

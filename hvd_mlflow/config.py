@@ -42,7 +42,7 @@ class Options:
             as ``<key>_rank_min`` / ``<key>_rank_max``, from the same collective (to spot a bad shard).
         resume: what to do with epochs the run already holds (a restarted job attaching to its run, a second
             ``fit``): ``skip`` (default) sends nothing at or below a metric's last logged step and keeps params
-            that are unchanged (changed ones are warned about and logged as ``param_changed.<name>`` tags);
+            that are unchanged (changed ones are warned about and kept in a JSON artifact);
             ``log`` sends everything again.
         log_models: rank 0 logs the trained model at the end of ``fit``: an MLflow model
             where the server supports logged models, plain artifacts (``model/``) on AzureML. Default: on
@@ -53,6 +53,12 @@ class Options:
         max_rows_per_metric: how many values one metric name may hold (default: the server's limit, 1 million on
             AzureML; 0: no limit). ``log_every_n_steps`` is raised, with one warning, so that this fit's
             ``batch/`` curves fit in it.
+        check_divergence: every epoch, check in the same collective that every rank holds the same weights (a
+            fingerprint of them); when they differ, every rank warns once and rank 0 tags the run and logs
+            ``weights_rank_spread`` (see :mod:`hvd_mlflow.divergence`). On by default.
+        system_metrics: every rank samples its CPU, memory (and GPU) in a thread; rank 0 logs their minimum, mean
+            and maximum over ranks and the rank of the maximum as ``system/...`` (see
+            :mod:`hvd_mlflow.system_metrics`). Off by default.
     """
 
     reduction: str = "exact"
@@ -69,6 +75,8 @@ class Options:
     log_models: bool | None = None
     max_metric_names: int | None = None
     max_rows_per_metric: int | None = None
+    check_divergence: bool = True
+    system_metrics: bool = False
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:
@@ -118,6 +126,8 @@ class Options:
             ("reduction", self.reduction),
             ("log_every_n_steps", self.log_every_n_steps),
             ("rank_spread", self.rank_spread),
+            ("check_divergence", self.check_divergence),
+            ("system_metrics", self.system_metrics),
         )
 
 

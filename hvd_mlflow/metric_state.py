@@ -18,6 +18,7 @@ validation begins (``on_test_begin``), and the validation state at ``on_epoch_en
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -116,23 +117,101 @@ def capture(model: Any, prefix: str) -> MetricState | None:
     if not variables or not hasattr(model, "get_metrics_result"):
         return None
     current = [_numpy(v) for v in variables]
-    shapes = [(c.shape, c.dtype) for c in current]
+    flat = np.concatenate([c.astype(np.float64).ravel() for c in current])
+    computer = _computer(model, variables, current)
 
     def compute(summed: np.ndarray) -> dict[str, float]:
-        saved = [_numpy(v) for v in variables]
-        try:
-            offset = 0
-            for variable, (shape, dtype) in zip(variables, shapes, strict=True):
-                size = int(np.prod(shape))
-                variable.assign(summed[offset : offset + size].reshape(shape).astype(dtype))
-                offset += size
-            return {prefix + k: v for k, v in _results(model).items()}
-        finally:
-            for variable, value in zip(variables, saved, strict=True):
-                variable.assign(value)
+        return {prefix + k: v for k, v in computer(summed).items()}
 
-    flat = np.concatenate([c.astype(np.float64).ravel() for c in current]) if current else np.zeros(0)
     return MetricState(prefix, flat, samples(model), compute)
+
+
+_COMPUTERS: weakref.WeakKeyDictionary[Any, _Computer] = weakref.WeakKeyDictionary()
+
+
+def _computer(model: Any, variables: list[Any], current: list[np.ndarray]) -> _Computer:
+    """The model's result computer, built once per set of metric variables (once per fit, in practice)."""
+    found = _COMPUTERS.get(model)
+    if found is None or [id(v) for v in found.variables] != [id(v) for v in variables]:
+        found = _Computer(model, variables, current)
+        _COMPUTERS[model] = found
+    return found
+
+
+class _Computer:
+    """Results from a summed state in one compiled TensorFlow call: put the summed state into the model's own
+    metric variables, read every result the way Keras names them, put this rank's state back. One call instead of
+    an eager assign per variable, an eager ``result()`` per metric and a restore per variable (about 6 ms per state
+    on a model with an AUC, on these CPUs, against well under 1 ms). If it cannot be compiled (a metric whose code
+    TensorFlow cannot trace), the same steps run eagerly."""
+
+    def __init__(self, model: Any, variables: list[Any], current: list[np.ndarray]) -> None:
+        self.model = model
+        self.variables = list(variables)
+        self._layout = [(c.shape, c.dtype) for c in current]
+        self._compiled: Any = None
+        self._eager = False
+
+    def __call__(self, summed: np.ndarray) -> dict[str, float]:
+        saved = np.concatenate([_numpy(v).astype(np.float64).ravel() for v in self.variables])
+        if not self._eager:
+            try:
+                return self._run_compiled(summed, saved)
+            except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
+                self._eager = True
+        return self._run_eagerly(summed, saved)
+
+    def _run_compiled(self, summed: np.ndarray, saved: np.ndarray) -> dict[str, float]:
+        import tensorflow as tf
+
+        if self._compiled is None:
+            layout, variables, model = self._layout, self.variables, self.model
+
+            def assign(flat: Any) -> None:
+                offset = 0
+                for variable, (shape, dtype) in zip(variables, layout, strict=True):
+                    size = int(np.prod(shape))
+                    variable.assign(tf.cast(tf.reshape(flat[offset : offset + size], shape), dtype))
+                    offset += size
+
+            def run(summed_state: Any, own_state: Any) -> dict[str, Any]:
+                assign(summed_state)
+                with tf.control_dependencies([summed_state]):
+                    results = {k: tf.identity(v) for k, v in _symbolic_results(model).items()}
+                with tf.control_dependencies(list(results.values())):
+                    assign(own_state)
+                return results
+
+            self._compiled = tf.function(run, autograph=False)
+        out = self._compiled(tf.constant(summed, tf.float64), tf.constant(saved, tf.float64))
+        return {k: float(np.asarray(v).reshape(())) for k, v in out.items() if np.size(v) == 1}
+
+    def _run_eagerly(self, summed: np.ndarray, saved: np.ndarray) -> dict[str, float]:
+        try:
+            self._assign(summed)
+            return _results(self.model)
+        finally:
+            self._assign(saved)
+
+    def _assign(self, flat: np.ndarray) -> None:
+        offset = 0
+        for variable, (shape, dtype) in zip(self.variables, self._layout, strict=True):
+            size = int(np.prod(shape))
+            variable.assign(flat[offset : offset + size].reshape(shape).astype(dtype))
+            offset += size
+
+
+def _symbolic_results(model: Any) -> dict[str, Any]:
+    """What ``model.get_metrics_result()`` returns, as tensors (both Keras flavours name results this way; their
+    own method then converts them to Python numbers, which a compiled function cannot)."""
+    out: dict[str, Any] = {}
+    for metric in model.metrics:
+        result = metric.result()
+        if isinstance(result, dict):
+            out.update(result)
+        else:
+            out[metric.name] = result
+    return out
 
 
 def _results(model: Any) -> dict[str, float]:

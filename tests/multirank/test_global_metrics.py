@@ -99,6 +99,7 @@ def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how):
     assert not [r for r in proxy.requests if r.path.endswith(("/runs/create", "/runs/update"))]
 
 
+@pytest.mark.once  # the sender creates the run: no Keras in it
 def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client):
     name = f"fresh-{uuid.uuid4().hex[:8]}"
     with Proxy(mlflow_server.url) as proxy:
@@ -121,6 +122,7 @@ def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client
     assert_each_point_sent_once(proxy, ranks[0]["local"][0])
 
 
+@pytest.mark.once  # the layout check of the fused collective: no Keras in it
 def test_ranks_with_different_metric_keys_fail_fast_with_a_clear_error(tmp_path, mlflow_server):
     done = launch.run(
         tmp_path, ["--epochs", "2", "--mismatch"], env={"MLFLOW_TRACKING_URI": mlflow_server.url}, timeout=120

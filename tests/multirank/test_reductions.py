@@ -48,6 +48,7 @@ def test_exact_equals_one_process_on_the_union_of_uneven_shards(tmp_path, mlflow
     print("max |exact - union| per key:", errors)
 
 
+@pytest.mark.once  # arithmetic on the ranks' values: tests/multirank/test_conformance.py covers each flavour
 def test_mean_is_horovods_unweighted_mean(tmp_path, mlflow_server, client):
     rank0, rank1, logged, tags = run(tmp_path, client, mlflow_server, "mean")
     assert tags["hvd_mlflow.reduction"] == "mean"
@@ -58,6 +59,7 @@ def test_mean_is_horovods_unweighted_mean(tmp_path, mlflow_server, client):
     assert abs(logged["precision"][0] - rank0["union_train"]["precision"]) > 1e-3
 
 
+@pytest.mark.once
 def test_weighted_is_exact_for_means_and_not_for_ratios(tmp_path, mlflow_server, client):
     rank0, rank1, logged, _ = run(tmp_path, client, mlflow_server, "weighted")
     n = (100, 37)

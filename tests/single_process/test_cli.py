@@ -8,10 +8,13 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from mlflow.entities import Metric
 
 from hvd_mlflow.plotting import curves
 from tests.support.environment import clean_environment
+
+pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 
 CLI = str(Path(sys.executable).parent / "hvd-mlflow")
 

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from mlflow import MlflowClient
 
 from hvd_mlflow.delivery import JOURNAL_ID_TAG, Uploader
 from hvd_mlflow.journal import FileJournal, JournalMeta
 from hvd_mlflow.limits import MLFLOW
+
+pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 
 
 def journal_for(tmp_path, url: str, **meta) -> FileJournal:

@@ -7,8 +7,12 @@ import math
 import time
 import uuid
 
+import pytest
+
 from hvd_mlflow.destination import Destination
 from hvd_mlflow.run_logger import RunLogger
+
+pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 
 
 def test_nan_inf_are_kept_and_overlong_params_truncated_with_a_warning(tmp_path, mlflow_server, client, caplog):

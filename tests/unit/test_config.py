@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hvd_mlflow.config import AutologOptions, Options
@@ -55,4 +57,14 @@ def test_the_callback_refuses_autolog_only_options_and_autolog_options_are_callb
 
 def test_the_options_that_shape_collectives():
     options = Options.resolve({"HVD_MLFLOW_LOG_EVERY_N_STEPS": "4"}, rank_spread="loss")
-    assert dict(options.collective()) == {"reduction": "exact", "log_every_n_steps": 4, "rank_spread": ("loss",)}
+    assert dict(options.collective()) == {"reduction": "exact", "log_every_n_steps": 4, "rank_spread": ("loss",),
+                                          "check_divergence": True, "system_metrics": False}  # fmt: skip
+
+
+def test_autolog_takes_every_option_and_only_options():
+    import inspect
+
+    from hvd_mlflow.autologging import autolog
+
+    arguments = set(inspect.signature(autolog).parameters) - {"disable"}
+    assert arguments == {field.name for field in dataclasses.fields(AutologOptions)}

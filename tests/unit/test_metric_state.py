@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from hvd_mlflow import metric_state
@@ -52,3 +53,17 @@ def test_compute_from_a_summed_state_is_the_metric_of_both_shards():
     doubled = metric_state.capture(model, prefix="").compute(state.values * 2)  # two identical shards
     assert doubled["mae"] == float(np.asarray(model.get_metrics_result()["mae"]))  # twice the same shard: same mean
     assert "val_mae" in state.compute(state.values)
+
+
+def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
+    model = trained(["mae", keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision")])
+    state = metric_state.capture(model, prefix="")
+    summed = state.values * 3 + 1  # any other state
+    computer = metric_state._computer(model, metric_state._variables(model), [])
+    compiled = computer._run_compiled(summed, state.values)
+    eager = computer._run_eagerly(summed, state.values)
+    assert compiled.keys() == eager.keys() == {"loss", "mae", "auc", "precision"}
+    for key in compiled:
+        assert compiled[key] == pytest.approx(eager[key], rel=1e-6), key
+    assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
+    assert not computer._eager  # it did compile

@@ -154,25 +154,33 @@ class OwnBroadcast(keras.callbacks.Callback):
 
 
 def resume_recipe(args: argparse.Namespace, record: Record) -> None:
+    """Three fits in one job: without hvd-mlflow (Horovod's side of the recipe alone), then with per-batch logging
+    every ``--log-every-n-steps`` with ``steps_per_execution`` 1 and 2. Each starts as the recipe does: rank 0 alone
+    restored its optimizer's step and weights, the others are fresh, the broadcast comes at the end of batch 0."""
     rank = hvd.rank()
-    if args.log_every_n_steps:
-        hvd_mlflow.autolog(log_every_n_steps=args.log_every_n_steps)
-    model = small_model(steps_per_execution=args.steps_per_execution)
-    x, y = data(rank, 96)
-    model.optimizer.iterations  # noqa: B018 - created with the optimizer
-    if rank == 0:  # what hvd.load_model / a checkpoint restore does, on rank 0 alone
-        model.optimizer.iterations.assign(args.restored_step)
-        model.set_weights([w + 0.1 for w in model.get_weights()])
-    record["iterations_at_start"] = int(np.asarray(model.optimizer.iterations))
-    if args.broadcast == "horovod":
-        import horovod.tensorflow.keras as hvd_keras
+    record["fits"] = {}
+    for label, every, per_execution in (("without", 0, 1), ("k1", args.log_every_n_steps, 1),
+                                        ("k2", args.log_every_n_steps, 2)):  # fmt: skip
+        if every:
+            hvd_mlflow.autolog(log_every_n_steps=every, extra_tags={"recipe": label})
+        else:
+            hvd_mlflow.autolog(disable=True)
+        model = small_model(steps_per_execution=per_execution)
+        x, y = data(rank, 96)
+        if rank == 0:  # what hvd.load_model / a checkpoint restore does, on rank 0 alone
+            model.optimizer.iterations.assign(args.restored_step)
+            model.set_weights([w + 0.1 for w in model.get_weights()])
+        at_start = int(np.asarray(model.optimizer.iterations))
+        if args.broadcast == "horovod":
+            import horovod.tensorflow.keras as hvd_keras
 
-        broadcast = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)
-    else:
-        broadcast = OwnBroadcast()
-    model.fit(x, y, batch_size=16, epochs=args.epochs, callbacks=[broadcast], verbose=0)
-    record["iterations_at_end"] = int(np.asarray(model.optimizer.iterations))
-    record["weights"] = weights(model)
+            broadcast = hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0)
+        else:
+            broadcast = OwnBroadcast()
+        model.fit(x, y, batch_size=16, epochs=args.epochs, callbacks=[broadcast], verbose=0)
+        record["fits"][label] = {"iterations_at_start": at_start,
+                                 "iterations_at_end": int(np.asarray(model.optimizer.iterations))}  # fmt: skip
+        record.save()
     record["finished"] = True
     record.save()
 
@@ -249,7 +257,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--log-every-n-steps", type=int, default=0)
-    parser.add_argument("--steps-per-execution", type=int, default=1)
     parser.add_argument("--restored-step", type=int, default=10)
     parser.add_argument("--broadcast", choices=["horovod", "own"], default="own")
     parser.add_argument("--rank1-uri", default="")

@@ -1,0 +1,171 @@
+"""The per-epoch cost of logging on a realistic model, measured by pairs inside one 2-rank job.
+
+A dense 128-512-512-1 model on 4,096 samples per rank (batches of 128: 32 steps, about half a second per epoch on
+these CPUs), ``accuracy`` and ``AUC``, gradients averaged over the ranks, validation on 512 samples. Fits run in
+pairs: one without logging, one with the variant (the order alternates from pair to pair), so that the machine's
+drift cancels inside each pair; separate processes per variant were +-7% noisy here, too much to see 1%.
+
+Per fit, the per-epoch time is the median, over its epochs, of the wall time from an epoch's begin to the end of
+its last callback on rank 0. With ``--profile`` (variant ``hvd``), hvd-mlflow's parts are timed on rank 0 every
+epoch: the metric-state capture, the collective, the result computation from the summed state, the journal
+append (with its fsync), the rest of its epoch end, and the CPU time of rank 0's sender thread.
+
+Rank 0 writes ``result.json`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+keras = tf.keras
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from train_cnn import averaging  # noqa: E402  (gradient averaging that works in every Keras flavour)
+
+PROFILE: dict[str, list[float]] = collections.defaultdict(list)
+
+
+def timed(owner: object, name: str, part: str) -> None:
+    """Accumulate the wall time of ``owner.name`` into the current epoch's ``part``."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            PROFILE[part][-1] += time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+
+
+PARTS = ("capture_ms", "collective_ms", "compute_ms", "journal_append_ms", "epoch_end_total_ms", "sender_cpu_ms")
+
+
+def instrument() -> None:
+    from hvd_mlflow import callback, collectives, journal, metric_state, sender
+
+    for part in PARTS:
+        PROFILE[part] = [0.0]  # the slot timers add to (a new one each profiled epoch)
+
+    timed(metric_state, "capture", "capture_ms")
+    timed(collectives.Horovod, "allreduce_sum", "collective_ms")
+    timed(collectives.Horovod, "allgather", "collective_ms")
+    timed(metric_state._Computer, "__call__", "compute_ms")
+    timed(journal.LiveJournal, "append", "journal_append_ms")
+    timed(callback.HorovodMlflowCallback, "on_epoch_end", "epoch_end_total_ms")
+    timed(callback.HorovodMlflowCallback, "on_test_begin", "epoch_end_total_ms")
+    original = sender.Sender._deliver_once
+
+    def deliver(self, uploader):
+        start = time.thread_time()
+        try:
+            return original(self, uploader)
+        finally:
+            PROFILE["sender_cpu_ms"][-1] += time.thread_time() - start
+
+    sender.Sender._deliver_once = deliver
+
+
+class EpochClock(keras.callbacks.Callback):
+    """Last in the list: the epoch's wall time, begin to the end of every callback."""
+
+    def __init__(self, profiled: bool) -> None:
+        super().__init__()
+        self.seconds: list[float] = []
+        self.profiled = profiled
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.began = time.perf_counter()
+        if self.profiled:
+            for part in PROFILE:
+                PROFILE[part].append(0.0)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self.began)
+
+
+def model_and_data(rank: int, samples: int):
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(samples, 128)).astype("float32")
+    y = (x[:, :16].sum(axis=1) + rng.normal(size=samples) > 0).astype("float32")
+    keras.utils.set_random_seed(1)
+    dense = keras.layers.Dense
+    model = keras.Sequential([keras.Input(shape=(128,)), dense(512, activation="relu"), dense(512, activation="relu"),
+                              dense(1, "sigmoid")])  # fmt: skip
+    model.compile(optimizer=averaging(keras.optimizers.SGD(0.01)), loss="binary_crossentropy",
+                  metrics=["accuracy", keras.metrics.AUC(name="auc")])  # fmt: skip
+    return model, x, y
+
+
+def switch(variant: str, on: bool, out: Path) -> list:
+    """Turn ``variant``'s logging on or off for the next fit; the callbacks it needs."""
+    import hvd_mlflow
+
+    if variant in ("hvd", "hvd-mean", "hvd-system"):
+        if on:
+            hvd_mlflow.autolog(reduction="mean" if variant == "hvd-mean" else "exact", log_models=False,
+                               system_metrics=variant == "hvd-system")  # fmt: skip
+        else:
+            hvd_mlflow.autolog(disable=True)
+        return []
+    if variant == "mlflow":
+        import mlflow.tensorflow
+
+        mlflow.tensorflow.autolog(disable=not on, log_models=False, log_datasets=False, checkpoint=False)
+        return []
+    if variant == "seed" and on:
+        import horovod.tensorflow.keras as hvd_keras
+
+        callbacks = [hvd_keras.callbacks.MetricAverageCallback()]
+        if hvd.rank() == 0:
+            callbacks.append(keras.callbacks.CSVLogger(str(out / "training_metrics.csv")))
+        return callbacks
+    return []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--variant", choices=["hvd", "hvd-mean", "hvd-system", "seed", "mlflow"], required=True)
+    parser.add_argument("--pairs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    hvd.init()
+    model, x, y = model_and_data(hvd.rank(), args.samples)
+    xv, yv = x[:512], y[:512]
+    model.fit(x, y, batch_size=128, epochs=1, validation_data=(xv, yv), verbose=0)  # warm-up: tracing not measured
+    if args.profile:
+        instrument()
+    pairs = []
+    for pair in range(args.pairs):
+        order = [False, True] if pair % 2 == 0 else [True, False]
+        medians = {}
+        for on in order:
+            callbacks = switch(args.variant, on, args.out)
+            clock = EpochClock(profiled=on and args.profile)
+            hvd.allreduce(np.zeros(1), name=f"bench.pair.{pair}.{on}")  # both ranks start together
+            model.fit(x, y, batch_size=128, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
+                      callbacks=[*callbacks, clock])  # fmt: skip
+            medians[on] = statistics.median(clock.seconds)
+        switch(args.variant, False, args.out)
+        pairs.append({"without_s": medians[False], "with_s": medians[True]})
+    if hvd.rank() == 0:
+        profile = {part: statistics.median(v[1:]) * 1000 for part, v in PROFILE.items() if len(v) > 1}
+        result = {"pairs": pairs, "profile_ms": profile, "epochs": args.epochs}
+        (args.out / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""What rides in the epoch's collective besides the metrics, on every rank alike: rank 0's optimizer step (the
+batch clock's anchor), the samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.divergence`),
+the ranks' system metrics (:mod:`hvd_mlflow.system_metrics`); and what every rank reads back from it. The same keys
+on every rank, whatever each rank could compute (NaN then): the collective's layout never depends on one rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import divergence, metric_state, run_params
+from ._log import warn_once
+from .system_metrics import summary as system_summary
+
+
+class EpochExchange:
+    """The carried half of :class:`hvd_mlflow.HorovodMlflowCallback`'s epoch end (a mixin on the callback)."""
+
+    model: Any
+    options: Any
+
+    def _not_additive_keys(self) -> set[str]:
+        """The result keys (train and ``val_``) of metrics whose state does not add up: found once per fit, when
+        the metrics are built, on every rank alike (from the model)."""
+        if self._not_additive is None:
+            keys = metric_state.inexact_keys(self.model) if self.options.reduction == "exact" else set()
+            self._not_additive = keys | {f"val_{k}" for k in keys}
+        return self._not_additive
+
+    def _ranks_health(self, epoch: int) -> dict[str, float]:
+        """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
+        once), and the ranks' system metrics; what rank 0 logs of it."""
+        out: dict[str, float] = {}
+        carried = self._reducer.carried
+        if self.options.check_divergence and self._comm.size > 1 and "fp_sum" in carried:
+            value = divergence.spread(carried, self._comm.size)
+            if self._diverged_at is None and value > divergence.TOLERANCE:
+                self._diverged_at = self._step
+                warn_once(f"diverged:{id(self)}:{self._step}", divergence.warning(self._step, value))
+                if self._logging:
+                    with self._rank0.step("recording the divergence"):
+                        self._run_logger.log_tags({divergence.TAG: str(self._step)})
+            if self._diverged_at is not None:
+                out[divergence.METRIC] = value
+        if self.options.system_metrics:
+            per_rank = {k[4:]: v for k, v in self._reducer.carried_per_rank.items() if k.startswith("sys_")}
+            out.update(system_summary(per_rank))
+        return out
+
+    def _epoch_carry(self) -> dict[str, float]:
+        """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
+        carry: dict[str, float] = {}
+        if self.options.check_divergence:  # every rank: a fingerprint of its weights (NaN if it cannot be read)
+            try:
+                carry.update(divergence.carry(self.model))
+            except Exception:  # noqa: BLE001 - the collective's layout stays the same on every rank
+                carry.update(dict.fromkeys(divergence.CARRIED, math.nan))
+        if self.options.system_metrics:
+            carry.update({f"sys_{k}": v for k, v in self._sampler.epoch_means().items()})
+        if self._clock.every > 0:  # rank 0's optimizer step (the others carry 0): the step every rank agrees on
+            step = math.nan
+            if self._comm.rank == 0:
+                with self._rank0.step("reading the optimizer's step"):
+                    step = float(run_params.optimizer_iterations(self.model) or math.nan)
+            carry["rank0_step"] = step if self._comm.rank == 0 else 0.0
+        if self.options.reduction == "mean":  # the exact reductions count samples in the metric states
+            carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
+        return carry

@@ -1,0 +1,193 @@
+"""What rank 0 alone does for the callback: the journal and the run, params, the per-epoch extras, the CSV file,
+the model, the tags, and the end of a fit. Every method here is called by :class:`hvd_mlflow.HorovodMlflowCallback`
+inside its rank-0 guard (``self._rank0.step(...)``, :mod:`hvd_mlflow.rank_zero`) and only where ``self._logging``
+(only rank 0 ever holds a run logger): none of it may decide a collective, and what it raises becomes a warning.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from . import destination, journal, keras_flavour, metric_state, model_logging, run_params
+from ._log import logger, warn_once
+from .run_logger import RunLogger
+
+HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
+INEXACT_TAG = "hvd_mlflow.inexact_keys"  # which logged values are the sample-weighted mean, not exact
+
+
+class RankZeroSteps:
+    """The rank-0-only half of :class:`hvd_mlflow.HorovodMlflowCallback` (a mixin: it works on the callback's
+    state)."""
+
+    _run_logger: RunLogger | None
+    _csv_logger: Any
+    model: Any
+    options: Any
+
+    def _hand_over(self) -> None:
+        run_logger, self._run_logger = self._run_logger, None
+        self._close_csv()
+        if run_logger is None:
+            return
+        with self._rank0.step("handing the run over after a reset"):
+            if self._elastic is not None and run_logger.sender.run_id:  # learned after run_wait: keep it
+                self._elastic.agreed_run(run_logger.sender.run_id, self._owns_run)
+            try:
+                run_logger.journal.update_meta(ended=True)  # its run goes on: sync must not end it
+            finally:
+                run_logger.stop(wait=HAND_OVER_WAIT_S)
+
+    def _end_cut_fit(self) -> None:
+        """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
+        run_logger, self._run_logger = self._run_logger, None
+        self._close_csv()
+        if run_logger is not None:
+            with self._rank0.step("ending the previous fit's run"):
+                run_logger.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
+
+    def _stop_logging(self) -> None:
+        """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
+        run_logger, self._run_logger = self._run_logger, None
+        try:
+            self._close_csv()
+            if run_logger is not None:
+                run_logger.stop()
+        except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
+            logger.warning("hvd-mlflow: could not stop the sender cleanly: %s", error)
+
+    def _close_csv(self) -> None:
+        csv, self._csv_logger = self._csv_logger, None
+        if csv is not None:
+            with self._rank0.step("the CSV file"):
+                csv.on_train_end()
+
+    def _start_logging(self) -> None:
+        """Open rank 0's journal, and learn the run id (within ``run_wait`` when the sender must create the run)."""
+        link = self._elastic.link if self._elastic else None
+        dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
+        tags = run_params.run_tags(
+            world_size=self._comm.size,
+            reduction=self.options.reduction,
+            flavour=self._flavour or "keras",
+            extra=self.options.extra_tags,
+        )
+        directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
+        self._owns_run = dest.run_id is None or bool(link and link.owns_run)
+        self._run_logger = RunLogger(
+            dest,
+            directory,
+            run_tags=tags,
+            resume=self.options.resume,
+            owns_run=self._owns_run,
+            elastic=bool(link),
+            max_metric_names=self.options.max_metric_names,
+            max_rows_per_metric=self.options.max_rows_per_metric,
+        )
+        self.run_id = dest.run_id
+        if dest.run_id is not None:
+            return
+        with self._rank0.step("starting the sender"):  # it creates the run: start now, so every rank learns its id
+            self._run_logger.start()
+        if self._run_logger.sender.alive:
+            self.run_id = self._run_logger.wait_for_run(self.options.run_wait)
+        if self.run_id is None:
+            logger.info(
+                "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
+                "sent when it answers (other ranks do not learn the run id)",
+                dest.display_uri,
+                self.options.run_wait,
+            )
+
+    def _within_row_limit(self, every: int) -> int:
+        """``every``, raised so that this fit's ``batch/`` curves keep within the server's rows per metric."""
+        assert self._run_logger is not None
+        rows = self._run_logger.limits.rows_per_metric
+        params = self.params or {}
+        steps, epochs = params.get("steps"), params.get("epochs")
+        if not (rows and steps and epochs) or epochs * steps // every <= rows:
+            return every
+        raised = -(-epochs * steps // rows)
+        logger.warning(
+            "hvd-mlflow: log_every_n_steps=%d would log %d values of each batch/ curve, over the %d a metric may "
+            "hold here (max_rows_per_metric); logging every %d steps instead",
+            every,
+            epochs * steps // every,
+            rows,
+            raised,
+        )
+        return raised
+
+    def _log_params(self, epoch: int) -> None:
+        assert self._run_logger is not None
+        params = run_params.training_params(
+            self.params or {},
+            self.model,
+            world_size=self._comm.size,
+            batch_size=self._batch_size,
+            initial_epoch=epoch,
+            flavour=self._flavour or "keras",
+        )
+        self._run_logger.log_params({**params, **self.options.extra_params})
+
+    def _timing(self) -> dict[str, float]:
+        """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""
+        seconds = time.perf_counter() - self._epoch_start
+        out = {"epoch_time_s": seconds}
+        samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
+        if samples and seconds > 0:
+            out["samples_per_s"] = samples / seconds
+        return out
+
+    def _open_csv(self, append: bool) -> None:
+        if self._csv_logger is None:
+            self._csv_logger = keras_flavour.csv_logger(self._flavour or "keras", self.options.csv_path, append)
+            self._csv_logger.set_model(self.model)
+            self._csv_logger.set_params(self.params or {})
+            self._csv_logger.on_train_begin()
+
+    def _logs_models(self) -> bool:
+        """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside."""
+        if self.options.log_models is not None:
+            return self.options.log_models
+        import mlflow
+
+        return not destination.is_azureml_job(mlflow.get_tracking_uri())
+
+    def _log_model(self, deadline: float) -> None:
+        import mlflow
+
+        assert self._run_logger is not None, "only rank 0, while logging, logs the model"
+        if self._run_logger.server_down:
+            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
+            return
+        wait = min(self.options.run_wait, deadline - time.monotonic())
+        run_id = self.run_id or self._run_logger.wait_for_run(wait)
+        if run_id is None:
+            logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
+            return
+        as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
+        model_logging.log_model(
+            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
+        )
+
+    def _record_inexact(self) -> None:
+        """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""
+        assert self._run_logger is not None
+        inexact = self._reducer.inexact | self._inexact_logged
+        from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
+        if from_metrics and not set(from_metrics) <= self._inexact_logged:
+            names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})
+            warn_once(
+                "non-additive:" + ",".join(names),
+                "hvd-mlflow: metric(s) %s keep a state that may not add up over ranks (their update_state or "
+                "result is your code), so %s are the sample-weighted mean of the ranks' values, not the exact "
+                "value. If the state does add up (counts, sums), declare it: hvd_mlflow_additive = True on the "
+                "metric's class.",
+                ", ".join(names),
+                ", ".join(from_metrics),
+            )
+        self._inexact_logged = inexact
+        self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
