@@ -166,6 +166,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             self._hand_over() if self._elastic is not None else self._end_cut_fit()  # or it raised, without autolog
         self._comm = collectives.current()
         self._finished = False
+        self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
         self._begin_fit_state()
         first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:

@@ -46,6 +46,8 @@ JOURNAL_ID_TAG = "hvd_mlflow.journal_id"
 DEFAULT_EXPERIMENT_ID = "0"
 _READ_AHEAD = 2000
 SENT_KINDS = ("params", "tags", "metrics", "artifact")  # what the uploader sends as it goes
+NOT_ABOUT_CONTENT = (401, 403, 404)  # refusals of the request itself (auth, run), never split by key
+Point = tuple[str, float, int, int]  # key, value, timestamp_ms, step
 HELD = "over_budget"  # values kept for the over-budget CSV, sent once at the end
 
 
@@ -82,8 +84,12 @@ class Uploader:
         self.limits = limits.with_options(self.meta.max_metric_names, self.meta.max_rows_per_metric)
         self._should_stop = should_stop  # checked between requests: a stopped sender sends nothing more
         self._user_metric_names = user_metric_names  # what the user logs with mlflow.log_metric (rank 0)
-        # a metrics request whose attempt failed: (its journal seqs, its last point); outcome unknown
-        self._unsure: tuple[list[int], tuple[str, float, int, int]] | None = None
+        # a metrics call whose attempt failed: (the journal seqs it completes, or None for a part of a request;
+        # its points); outcome unknown
+        self._unsure: tuple[list[int] | None, list[Point]] | None = None
+        self._delivered: set[Point] = set()  # points of entries not yet acknowledged that the server holds
+        self._held: set[tuple[int, str]] = set()  # (journal entry, key) whose value is held for the CSV
+        self._artifacts: set[tuple[str, int]] = set()  # (kind, first entry) of the artifacts already journaled
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
         self._created_here = False
         self._existing: RunContents | None = None  # what the run holds: read when attached, then kept up
@@ -141,13 +147,15 @@ class Uploader:
         if self.journal.pending(1, kinds=SENT_KINDS):
             return False
         self.meta = self.journal.meta()
-        if self.meta.ended:
+        if self.meta.ended and not self.journal.pending(1, kinds=(HELD,)):
             return True
         status = self.meta.final_status
-        if not status:
+        if not status and not self.meta.ended:
             return False
         run_id = self.ensure_run()
-        self._send_held(run_id)
+        self._send_held(run_id)  # also for a journal handed over at an elastic reset: its values are its own
+        if self.meta.ended:
+            return True
         if self.meta.created_run and not self.meta.job_mode:
             _end_run(self.client, run_id, status)
         self.meta = self.journal.update_meta(ended=True)
@@ -180,7 +188,7 @@ class Uploader:
             except Exception as error:
                 if not is_permanent(error):
                     raise
-                if kind != "metrics" and len(group) == 1 and len(group[0].payload) > 1:
+                if kind == "params_tags" and len(group) == 1 and len(group[0].payload) > 1:
                     settled += self._send_params_tags_one_by_one(run_id, group[0])
                     continue
                 if len(group) > 1:  # find the entry the server refuses: one per request from now on
@@ -212,20 +220,25 @@ class Uploader:
     # -- the metric-name budget --------------------------------------------------------------------------
     def _metric_budget(self, entries: list[Entry]) -> MetricBudget:
         """The budget, settled at the first entry with epoch values (or at the end, when none will come)."""
-        if self._budget is None:
+        if self._budget is not None and self._budget.settled:
+            return self._budget
+        if self.limits.metric_names_per_run is None:  # no budget: nothing waits
+            self._budget = MetricBudget(None)
+            return self._budget
+        metrics = [e for e in entries if e.kind == "metrics"]
+        # settle at the first epoch values; or now when none can come before the others are sent: the training's
+        # outcome is known (sync, the end of fit), or the read-ahead window is all batch values
+        final = self._final or bool(self.journal.meta().final_status) or len(entries) >= _READ_AHEAD
+        if final or any(is_epoch_name(k) for e in metrics for k in e.payload):
             existing = self._existing.metric_names if self._existing else set()
             self._budget = MetricBudget(self.limits.metric_names_per_run, existing, self._user_metric_names())
-        budget = self._budget
-        if budget.settled:
-            return budget
-        metrics = [e for e in entries if e.kind == "metrics"]
-        if self._final or any(is_epoch_name(k) for e in metrics for k in e.payload):
-            budget.settle(k for e in metrics for k in e.payload)
+            self._budget.settle(k for e in metrics for k in e.payload)
             self._warn_over_budget()
-        return budget
+        return self._budget or MetricBudget(0, settled=False)
 
     def _warn_over_budget(self) -> None:
-        assert self._budget is not None
+        if self._budget is None:
+            return
         new = [n for n in self._budget.over if n not in self._over_warned]
         if not new:
             return
@@ -267,7 +280,15 @@ class Uploader:
         try:
             self.client.log_text(run_id, text.getvalue(), self.held_artifact_path)
         except Exception as error:
-            if http_status(error) != 409:  # AzureML cannot overwrite: a 409 after a resend means it was applied
+            if http_status(error) == 409:  # AzureML cannot overwrite: a 409 after a resend means it was applied
+                pass
+            elif is_permanent(error):
+                logger.warning("hvd-mlflow: the tracking server refused the artifact %s (%s); its values stay in "
+                               "journal %s, marked rejected", self.held_artifact_path, redact(str(error))[:300],
+                               self.journal.location)  # fmt: skip
+                self.journal.acknowledge([e.seq for e in held], state=REJECTED)
+                return
+            else:
                 raise
         self.journal.acknowledge([e.seq for e in held])
 
@@ -276,8 +297,9 @@ class Uploader:
 
         params = {k: str(v) for e in group if e.kind == "params" for k, v in e.payload.items()}
         tags = {k: str(v) for e in group if e.kind == "tags" for k, v in e.payload.items()}
-        params = self._resumed_params(params)
-        tags = self._within_tag_budget(tags)
+        first = group[0].seq  # names the artifacts of this group, written once whatever the retries
+        params = self._resumed_params(params, first)
+        tags = self._within_tag_budget(tags, first)
         if params or tags:
             self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()],
                                   tags=[RunTag(k, v) for k, v in tags.items()])  # fmt: skip
@@ -287,7 +309,7 @@ class Uploader:
         self.journal.acknowledge([e.seq for e in group])
         return len(group)
 
-    def _within_tag_budget(self, tags: dict[str, str]) -> dict[str, str]:
+    def _within_tag_budget(self, tags: dict[str, str], first: int) -> dict[str, str]:
         """Tags that fit the run's tag limit (AzureML: 50, its own system tags included); the rest go to a JSON
         artifact, with one warning."""
         limit = self.limits.tags_per_run
@@ -302,8 +324,9 @@ class Uploader:
                 kept[key] = value
             else:
                 over[key] = value
-        if over:
-            path = f"hvd_mlflow/tags-{self.meta.journal_id[:12]}.json"
+        if over and ("tags", first) not in self._artifacts:
+            self._artifacts.add(("tags", first))
+            path = f"hvd_mlflow/tags-{self.meta.journal_id[:12]}-{first}.json"
             logger.warning(
                 "hvd-mlflow: this run keeps at most %d tags and holds %d; %d more (%s) are kept in the artifact %s",
                 limit,
@@ -350,14 +373,15 @@ class Uploader:
         self.journal.acknowledge([entry.seq])
         return 1
 
-    def _resumed_params(self, params: dict[str, str]) -> dict[str, str]:
+    def _resumed_params(self, params: dict[str, str], first: int) -> dict[str, str]:
         """Params the run already holds: equal ones are dropped; changed ones (MLflow cannot change a param) go to
         one JSON artifact with a warning, never one tag each (AzureML keeps 50 tags per run)."""
         if self._existing is None:
             return params
         changed = self._existing.changed_params(params)
-        if changed:
-            path = f"hvd_mlflow/param-changes-{self.meta.journal_id[:12]}.json"
+        if changed and ("param-changes", first) not in self._artifacts:
+            self._artifacts.add(("param-changes", first))
+            path = f"hvd_mlflow/param-changes-{self.meta.journal_id[:12]}-{first}.json"
             logger.warning(
                 "hvd-mlflow: the run already has different values for %d param(s) (%s; MLflow cannot change a "
                 "param); the new values are in the artifact %s",
@@ -394,8 +418,7 @@ class Uploader:
 
     def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
         records = self._not_logged_yet([EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group])
-        records, held = self._split_by_budget(records)
-        self._hold(held)
+        records = self._split_by_budget(records, [e.seq for e in group])
         done = 0
         for request in batching.metric_requests(
             records, self.limits.metrics_per_request, self.limits.values_per_key_per_request
@@ -403,47 +426,57 @@ class Uploader:
             if self._should_stop():
                 break
             seqs = [e.seq for e in group[done : done + request.completes]]
-            if request.points:
-                self._unsure = (seqs, request.points[-1])
-                self._log_points(run_id, request.points)
-                self._unsure = None
-                if self._existing is not None:
-                    self._existing.sent(request.points)
+            points = [p for p in request.points if p not in self._delivered]  # a retry skips what went through
+            if points:
+                self._log_points(run_id, points, seqs if len(points) == len(request.points) else None)
             self.journal.acknowledge(seqs)
+            self._delivered.difference_update(request.points)
             done += request.completes
         return done
 
-    def _split_by_budget(self, records: list[EpochRecord]) -> tuple[list[EpochRecord], list[EpochRecord]]:
-        """Each record's values: those sent as metrics, and those held (over the budget, or refused keys)."""
+    def _split_by_budget(self, records: list[EpochRecord], seqs: list[int]) -> list[EpochRecord]:
+        """Each record's values without those not sent as metrics (over the budget, refused keys), which are held
+        for the CSV, once per journal entry and key."""
         assert self._budget is not None
         sent, held = [], []
-        for record in records:
+        for record, seq in zip(records, seqs, strict=True):
             ok = {k: v for k, v in record.metrics.items() if k not in self._refused and self._budget.admits(k)}
             sent.append(EpochRecord(record.step, record.timestamp_ms, ok))
-            held.append(EpochRecord(record.step, record.timestamp_ms,
-                                    {k: v for k, v in record.metrics.items() if k not in ok}))  # fmt: skip
+            rest = {k: v for k, v in record.metrics.items() if k not in ok and (seq, k) not in self._held}
+            self._held.update((seq, k) for k in rest)
+            held.append(EpochRecord(record.step, record.timestamp_ms, rest))
+        self._hold(held)
         self._warn_over_budget()
-        return sent, held
+        return sent
 
-    def _log_points(self, run_id: str, points: list[tuple[str, float, int, int]]) -> None:
-        """One ``log_batch``; refused with a 4xx, it is split by key until the refused keys are found: every other
-        point goes through, a refused key's values are held for the CSV and the key is not sent again."""
+    def _log_points(self, run_id: str, points: list[Point], seqs: list[int] | None) -> None:
+        """One ``log_batch``; refused with a 4xx about its content, it is split by key until the refused keys are
+        found: every other point goes through, a refused key's values are held for the CSV and the key is not
+        sent again. What went through is remembered, so that a transient failure later in the split resends only
+        the rest. ``seqs``: the journal entries this call completes (when it is their whole request)."""
         from mlflow.entities import Metric
 
+        self._unsure = (seqs, points)
         try:
             self.client.log_batch(run_id, metrics=[Metric(*p) for p in points])
         except Exception as error:
-            if not is_permanent(error):
+            if not is_permanent(error) or http_status(error) in NOT_ABOUT_CONTENT:
                 raise
+            self._unsure = None
             keys = sorted({p[0] for p in points})
             if len(keys) == 1:
                 self._refuse(keys[0], error, points)
                 return
             half = set(keys[: len(keys) // 2])
-            self._log_points(run_id, [p for p in points if p[0] in half])
-            self._log_points(run_id, [p for p in points if p[0] not in half])
+            self._log_points(run_id, [p for p in points if p[0] in half], None)
+            self._log_points(run_id, [p for p in points if p[0] not in half], None)
+            return
+        self._unsure = None
+        self._delivered.update(points)
+        if self._existing is not None:
+            self._existing.sent(points)
 
-    def _refuse(self, key: str, error: BaseException, points: list[tuple[str, float, int, int]]) -> None:
+    def _refuse(self, key: str, error: BaseException, points: list[Point]) -> None:
         message = redact(str(error))[:300]
         self._refused[key] = message
         logger.warning(
@@ -456,23 +489,30 @@ class Uploader:
         self._hold(EpochRecord(step, timestamp, {key: value}) for _key, value, timestamp, step in points)
 
     def _settle_unsure(self, run_id: str) -> int:
-        """After a failed attempt, acknowledge its entries if the server holds its last point anyway.
+        """After a failed attempt, see whether the server holds its points anyway.
 
         A request can be applied and its answer lost; resending it would store every point twice on a
-        server that does not drop exact duplicates. Each request's points all go in one call, and requests
-        are sent in step order, so the request was applied iff its last point is the latest of its metric.
+        server that does not drop exact duplicates. Each call's points all go in one request, and requests
+        are sent in step order, so the call was applied iff its last point is the latest of its metric. A call
+        that was a whole request acknowledges its entries; a part of a split request is remembered as delivered.
         """
         if self._unsure is None:
             return 0
-        seqs, (key, _value, timestamp, step) = self._unsure
+        seqs, points = self._unsure
+        key, _value, timestamp, step = points[-1]
         latest = {m.key: m for m in getattr(self.client.get_run(run_id).data, "_metric_objs", [])}
         point = latest.get(key)
         self._unsure = None
-        if point is not None and point.step == step and point.timestamp == timestamp:
-            logger.info("hvd-mlflow: a request whose answer was lost had been applied; not sending it again")
-            self.journal.acknowledge(seqs)
-            return len(seqs)
-        return 0
+        if point is None or point.step != step or point.timestamp != timestamp:
+            return 0
+        logger.info("hvd-mlflow: a request whose answer was lost had been applied; not sending it again")
+        if self._existing is not None:
+            self._existing.sent(points)
+        if seqs is None:
+            self._delivered.update(points)
+            return 0
+        self.journal.acknowledge(seqs)
+        return len(seqs)
 
 
 def _end_run(client: Any, run_id: str, status: str) -> None:

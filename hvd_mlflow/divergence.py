@@ -6,10 +6,11 @@ forgotten, a rank restored another checkpoint, initialisation is per rank. The c
 models and looks fine.
 
 Each rank computes two numbers from its trainable weights, on the device in one compiled call with one transfer:
-their sum and their sum of squares. They ride in the epoch collective the callback already makes (each rank adds
-the numbers and their squares), so every rank learns the spread of the fingerprints over ranks at no extra
-collective, and decides alike: when the relative spread passes :data:`TOLERANCE`, every rank warns once, rank 0
-tags the run ``hvd_mlflow.diverged_at_epoch`` and logs ``weights_rank_spread`` from then on.
+the sum of their absolute values and the sum of their squares (both far from 0, so a relative spread means
+something; a plain sum of weights centred on 0 is not). They ride in the epoch collective the callback already
+makes (each rank adds the numbers and their squares), so every rank learns the spread of the fingerprints over
+ranks at no extra collective, and decides alike: when the relative spread passes :data:`TOLERANCE`, every rank
+warns once, rank 0 tags the run ``hvd_mlflow.diverged_at_epoch`` and logs ``weights_rank_spread`` from then on.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 TOLERANCE = 1e-5  # relative spread of the fingerprints; identical weights give 0 (float32 sums: ~1e-7 at most)
-CARRIED = ("fp_sum", "fp_sum_sq", "fp_sq", "fp_sq_sq")  # what each rank adds to the epoch collective
+CARRIED = ("fp_abs", "fp_abs_sq", "fp_sq", "fp_sq_sq")  # what each rank adds to the epoch collective
 TAG = "hvd_mlflow.diverged_at_epoch"
 METRIC = "weights_rank_spread"
 
@@ -30,7 +31,8 @@ _FUNCTIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def fingerprint(model: Any) -> tuple[float, float]:
-    """The sum and the sum of squares of the model's trainable weights (one compiled call, one transfer)."""
+    """The sum of absolute values and the sum of squares of the trainable weights (one compiled call, one
+    transfer)."""
     import tensorflow as tf
 
     variables = list(getattr(model, "trainable_variables", []) or [])
@@ -40,7 +42,7 @@ def fingerprint(model: Any) -> tuple[float, float]:
     if function is None or function[0] != [id(v) for v in variables]:
 
         def compute() -> Any:
-            sums = [tf.reduce_sum(tf.cast(v, tf.float32)) for v in variables]
+            sums = [tf.reduce_sum(tf.abs(tf.cast(v, tf.float32))) for v in variables]
             squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
             return tf.stack([tf.add_n(sums), tf.add_n(squares)])
 
@@ -53,13 +55,13 @@ def fingerprint(model: Any) -> tuple[float, float]:
 def carry(model: Any) -> dict[str, float]:
     """This rank's share of the epoch collective: each fingerprint number, and its square."""
     total, squares = fingerprint(model)
-    return {"fp_sum": total, "fp_sum_sq": total * total, "fp_sq": squares, "fp_sq_sq": squares * squares}
+    return {"fp_abs": total, "fp_abs_sq": total * total, "fp_sq": squares, "fp_sq_sq": squares * squares}
 
 
 def spread(carried: Mapping[str, float], ranks: int) -> float:
     """The relative spread over ranks of the fingerprints (0 when every rank holds the same weights)."""
     worst = 0.0
-    for name in ("fp_sum", "fp_sq"):
+    for name in ("fp_abs", "fp_sq"):
         mean = carried[name] / ranks
         variance = max(0.0, carried[f"{name}_sq"] / ranks - mean * mean)
         worst = max(worst, math.sqrt(variance) / max(abs(mean), 1e-12))

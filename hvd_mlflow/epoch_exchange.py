@@ -33,7 +33,7 @@ class EpochExchange:
         once), and the ranks' system metrics; what rank 0 logs of it."""
         out: dict[str, float] = {}
         carried = self._reducer.carried
-        if self.options.check_divergence and self._comm.size > 1 and "fp_sum" in carried:
+        if self.options.check_divergence and self._comm.size > 1 and "fp_abs" in carried:
             value = divergence.spread(carried, self._comm.size)
             if self._diverged_at is None and value > divergence.TOLERANCE:
                 self._diverged_at = self._step

@@ -352,7 +352,7 @@ class MemoryJournal:
             return self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
 
     def _add(self, entry: Entry) -> int:
-        size = len(entry.payload) if entry.kind == "metrics" else 0
+        size = len(entry.payload) if entry.kind in ("metrics", "over_budget") else 0  # values, held ones too
         with self._lock:
             self._entries[entry.seq] = (entry, size)
             self._points += size

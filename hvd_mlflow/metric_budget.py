@@ -63,20 +63,25 @@ class MetricBudget:
         budget.over  # ['learning_rate', 'batch/loss']
     """
 
-    def __init__(self, limit: int | None, existing: Iterable[str] = (), user_names: Iterable[str] = ()) -> None:
+    def __init__(
+        self, limit: int | None, existing: Iterable[str] = (), user_names: Iterable[str] = (), settled: bool = True
+    ) -> None:
         self.limit = limit
         self._user = set(user_names)
         self._admitted: set[str] = set(existing) | self._user  # the run holds them, or the user logs them
         self.over: list[str] = []
-        self.settled = limit is None
+        self.settled = limit is None and settled
 
     @property
     def used(self) -> int:
         return len(self._admitted)
 
     def settle(self, names: Iterable[str]) -> None:
-        """Give the room left to ``names`` in priority order (stable within a rank of the order)."""
-        for name in sorted(dict.fromkeys(names), key=lambda n: rank_of(n, self._user)):
+        """Give the room left to ``names`` in priority order (stable within a rank of the order). A ``batch/<key>``
+        seen before the first epoch values also keeps a place for ``<key>``: it comes with every epoch."""
+        names = list(dict.fromkeys(names))
+        epoch_keys = [n[len(BATCH_PREFIX) :] for n in names if n.startswith(BATCH_PREFIX)]
+        for name in sorted(dict.fromkeys([*names, *epoch_keys]), key=lambda n: rank_of(n, self._user)):
             self._place(name)
         self.settled = True
 

@@ -75,20 +75,33 @@ def non_additive_metrics(model: Any) -> list[Any]:
 
 def inexact_keys(model: Any) -> set[str]:
     """The keys of ``get_metrics_result()`` computed from the state of a non-additive metric (whatever name Keras
-    gives them, per output): their state is moved, and the results that move are theirs. The state is restored."""
+    gives them, per output): their variables are set to three fixed probe states, and the results that move are
+    theirs. The probes are the same on every rank (never this rank's own state), so every rank finds the same keys;
+    the state is restored. If a probe cannot be computed, every key counts as inexact (on every rank alike)."""
     variables = [v for m in non_additive_metrics(model) for v in m.variables]
     if not variables or not hasattr(model, "get_metrics_result"):
         return set()
     saved = [_numpy(v) for v in variables]
     try:
-        before = _results(model)
-        for variable, value in zip(variables, saved, strict=True):
-            variable.assign(np.logical_not(value) if value.dtype == bool else (value + 1).astype(value.dtype))
-        after = _results(model)
+        probes = []
+        for probe in range(3):
+            for index, (variable, value) in enumerate(zip(variables, saved, strict=True)):
+                variable.assign(_probe(value, probe, index))
+            probes.append(_results(model))
+    except Exception:  # noqa: BLE001 - a user metric that cannot take the probe: weighted, everywhere alike
+        return set(probes[0]) if probes else set()
     finally:
         for variable, value in zip(variables, saved, strict=True):
             variable.assign(value)
-    return {k for k, v in before.items() if not _same(v, after.get(k))}
+    return {k for k, v in probes[0].items() if any(not _same(v, other.get(k)) for other in probes[1:])}
+
+
+def _probe(value: np.ndarray, probe: int, index: int) -> np.ndarray:
+    """A state of ``value``'s shape and dtype that depends only on the probe and the variable's place."""
+    if value.dtype == bool:
+        return np.full(value.shape, probe % 2 == 0)
+    ramp = np.arange(value.size, dtype=np.float64).reshape(value.shape) + index + 1
+    return ((probe + 1) * ramp + probe).astype(value.dtype)
 
 
 def _same(a: float, b: float | None) -> bool:
@@ -146,7 +159,8 @@ class _Computer:
     TensorFlow cannot trace), the same steps run eagerly."""
 
     def __init__(self, model: Any, variables: list[Any], current: list[np.ndarray]) -> None:
-        self.model = model
+        self._model = weakref.ref(model)  # never keeps a model alive (the cache is keyed by it)
+        self._metrics = list(model.metrics)
         self.variables = list(variables)
         self._layout = [(c.shape, c.dtype) for c in current]
         self._compiled: Any = None
@@ -165,7 +179,7 @@ class _Computer:
         import tensorflow as tf
 
         if self._compiled is None:
-            layout, variables, model = self._layout, self.variables, self.model
+            layout, variables, metrics = self._layout, self.variables, self._metrics
 
             def assign(flat: Any) -> None:
                 offset = 0
@@ -177,7 +191,7 @@ class _Computer:
             def run(summed_state: Any, own_state: Any) -> dict[str, Any]:
                 assign(summed_state)
                 with tf.control_dependencies([summed_state]):
-                    results = {k: tf.identity(v) for k, v in _symbolic_results(model).items()}
+                    results = {k: tf.identity(v) for k, v in _symbolic_results(metrics).items()}
                 with tf.control_dependencies(list(results.values())):
                     assign(own_state)
                 return results
@@ -189,7 +203,7 @@ class _Computer:
     def _run_eagerly(self, summed: np.ndarray, saved: np.ndarray) -> dict[str, float]:
         try:
             self._assign(summed)
-            return _results(self.model)
+            return _results(self._model())
         finally:
             self._assign(saved)
 
@@ -201,11 +215,12 @@ class _Computer:
             offset += size
 
 
-def _symbolic_results(model: Any) -> dict[str, Any]:
-    """What ``model.get_metrics_result()`` returns, as tensors (both Keras flavours name results this way; their
-    own method then converts them to Python numbers, which a compiled function cannot)."""
+def _symbolic_results(metrics: list[Any]) -> dict[str, Any]:
+    """What ``model.get_metrics_result()`` returns for the model's ``metrics``, as tensors (both Keras flavours
+    name results this way; their own method then converts them to Python numbers, which a compiled function
+    cannot)."""
     out: dict[str, Any] = {}
-    for metric in model.metrics:
+    for metric in metrics:
         result = metric.result()
         if isinstance(result, dict):
             out.update(result)

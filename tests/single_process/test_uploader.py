@@ -67,3 +67,136 @@ class _Counting:
 
     def __getattr__(self, name):
         return getattr(self._client, name)
+
+
+class _Faulty(_Counting):
+    """The real client, recording the metrics the server accepted, with scripted refusals: a permanent 400 for any
+    request holding a key in ``refused``, and the next ``transient`` answers before the request reaches the server
+    (or, with ``applied``, after it) as 503s; a 401 for every request when ``unauthorised``."""
+
+    def __init__(self, client, sent, refused=(), transient=0, applied=False, unauthorised=False):
+        super().__init__(client, sent)
+        self.refused, self.transient, self.applied, self.unauthorised = set(refused), transient, applied, unauthorised
+        self.calls = 0
+
+    def log_batch(self, run_id, metrics=(), **kwargs):
+        from mlflow.exceptions import MlflowException, get_error_code
+
+        if not metrics:
+            return self._client.log_batch(run_id, metrics=metrics, **kwargs)
+        self.calls += 1
+        if self.unauthorised:
+            raise MlflowException("unauthorised", error_code=get_error_code(401))
+        if self.refused & {m.key for m in metrics}:
+            raise MlflowException("metric name refused", error_code=get_error_code(400))
+        if self.transient:
+            self.transient -= 1
+            if self.applied:
+                super().log_batch(run_id, metrics=metrics, **kwargs)
+            raise MlflowException("busy", error_code=get_error_code(503))
+        super().log_batch(run_id, metrics=metrics, **kwargs)
+
+
+def _upload_through_transient_errors(uploader: Uploader) -> None:
+    from mlflow.exceptions import MlflowException
+
+    for _ in range(10):
+        try:
+            uploader.upload_some()
+        except MlflowException:
+            continue
+        if not uploader.journal.pending(1, kinds=("metrics",)):
+            return
+    raise AssertionError("the journal was not delivered")
+
+
+def _keyed_journal(tmp_path, url, keys, steps=3, **meta) -> FileJournal:
+    experiment = f"uploader-{uuid.uuid4().hex[:8]}"
+    journal = FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=url, experiment_name=experiment, **meta))
+    for step in range(steps):
+        journal.append("metrics", {k: step + i / 10 for i, k in enumerate(keys)}, step=step, timestamp_ms=1000 + step)
+    return journal
+
+
+def test_a_refused_request_split_by_key_resends_after_a_transient_error_only_what_did_not_go_through(
+    tmp_path, mlflow_server, client
+):
+    # ["a", "b", "bad", "c"] is split into {a, b} (accepted) and {bad, c}, whose first attempt fails transiently;
+    # the retry must not send a and b again (a server that keeps duplicates, as AzureML does, would store them twice)
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "bad", "c"], final_status="FINISHED")
+    sent = []
+    faulty = _Faulty(client, sent, refused={"bad"})
+    uploader = Uploader(journal, faulty, MLFLOW)
+    original = faulty.log_batch
+
+    def transient_on_the_second_half(run_id, metrics=(), **kwargs):
+        if {m.key for m in metrics} == {"bad", "c"} and not getattr(faulty, "failed_once", False):
+            faulty.failed_once = True
+            from mlflow.exceptions import MlflowException, get_error_code
+
+            raise MlflowException("busy", error_code=get_error_code(503))
+        return original(run_id, metrics=metrics, **kwargs)
+
+    faulty.log_batch = transient_on_the_second_half
+    _upload_through_transient_errors(uploader)
+    accepted = sorted((m.key, m.step) for m in sent)
+    assert accepted == sorted((k, s) for k in ("a", "b", "c") for s in range(3)), accepted
+    assert uploader.finish()
+    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    rows = [line for line in open(held).read().splitlines()[1:] if line]
+    assert len(rows) == 3 and all("bad" in r for r in rows), rows
+
+
+def test_values_over_the_name_budget_are_held_once_whatever_the_retries(tmp_path, mlflow_server, client):
+    # a budget of 2 names for 3 keys: "c" is held for the CSV; two transient failures resend the request, and the
+    # CSV must still hold each of c's 3 values once
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], max_metric_names=2, final_status="FINISHED")
+    sent = []
+    uploader = Uploader(journal, _Faulty(client, sent, transient=2), MLFLOW)
+    _upload_through_transient_errors(uploader)
+    assert len(journal.pending(100, kinds=("over_budget",))) == 3  # not one set per attempt
+    assert uploader.finish()
+    assert sorted((m.key, m.step) for m in sent) == sorted((k, s) for k in ("a", "b") for s in range(3))
+    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    lines = [line for line in open(held).read().splitlines() if line]
+    assert len(lines) == 1 + 3, lines  # the header and c's three values, once each
+
+
+def test_a_refusal_of_the_request_itself_is_not_split_by_key(tmp_path, mlflow_server, client):
+    # a 401 says nothing about the metric names: splitting the request by key would refuse every name one by one
+    journal = _keyed_journal(tmp_path, mlflow_server.url, [f"m{i}" for i in range(8)], steps=1)
+    faulty = _Faulty(client, [], unauthorised=True)
+    uploader = Uploader(journal, faulty, MLFLOW)
+    uploader.upload_some()
+    assert faulty.calls == 1
+    assert uploader._refused == {}
+
+
+def test_batch_values_do_not_wait_for_an_epoch_end_on_a_server_without_a_name_budget(tmp_path, mlflow_server, client):
+    # only per-batch values so far (a long first epoch): without a per-run name limit nothing needs settling
+    experiment = f"uploader-{uuid.uuid4().hex[:8]}"
+    journal = FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=mlflow_server.url, experiment_name=experiment))
+    for step in range(5):
+        journal.append("metrics", {"batch/loss": 1.0 / (step + 1)}, step=step, timestamp_ms=1000 + step)
+    uploader = Uploader(journal, client, MLFLOW)
+    assert uploader.upload_some() == 5
+    assert [m.step for m in client.get_metric_history(uploader.run_id, "batch/loss")] == [0, 1, 2, 3, 4]
+
+
+def test_a_training_that_ends_before_its_first_epoch_end_still_delivers_its_batch_values(
+    tmp_path, mlflow_server, client
+):
+    # with a name budget, batch values wait for the first epoch values to settle it; when the training ended
+    # (failed) inside its first epoch, none will come, and the budget must settle on what there is
+    experiment = f"uploader-{uuid.uuid4().hex[:8]}"
+    meta = JournalMeta.new(
+        tracking_uri=mlflow_server.url, experiment_name=experiment, max_metric_names=50, final_status="FAILED"
+    )
+    journal = FileJournal.create(tmp_path, meta)
+    for step in range(5):
+        journal.append("metrics", {"batch/loss": 1.0 / (step + 1)}, step=step, timestamp_ms=1000 + step)
+    uploader = Uploader(journal, client, MLFLOW)
+    assert uploader.upload_some() == 5
+    assert uploader.finish()
+    assert [m.step for m in client.get_metric_history(uploader.run_id, "batch/loss")] == [0, 1, 2, 3, 4]
+    assert client.get_run(uploader.run_id).info.status == "FAILED"
