@@ -6,9 +6,12 @@ pairs: one without logging, one with the variant (the order alternates from pair
 drift cancels inside each pair; separate processes per variant were +-7% noisy here, too much to see 1%.
 
 Per fit, the per-epoch time is the median, over its epochs, of the wall time from an epoch's begin to the end of
-its last callback on rank 0. With ``--profile`` (variant ``hvd``), hvd-mlflow's parts are timed on rank 0 every
-epoch: the metric-state capture, the collective, the result computation from the summed state, the journal
-append (with its fsync), the rest of its epoch end, and the CPU time of rank 0's sender thread.
+its last callback on rank 0. With ``--profile`` (variant ``hvd``), hvd-mlflow's parts are timed every epoch: the
+metric-state capture, the collective, the result computation from the summed state, the journal append (with
+its fsync), the rest of its epoch end, and the CPU time of rank 0's sender thread, on rank 0; the collective also
+on rank 1, since on rank 0 it includes waiting for the other rank: the last rank to arrive spends only the
+collective's own time in it (``collective_last_rank_ms``). Each rank runs TensorFlow on ``--threads`` threads
+(1 by default: one rank per core, as Horovod advises on CPUs).
 
 Rank 0 writes ``result.json`` in ``--out``.
 """
@@ -20,6 +23,7 @@ import collections
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,7 +56,7 @@ PARTS = ("capture_ms", "collective_ms", "compute_ms", "journal_append_ms", "epoc
 
 
 def instrument() -> None:
-    from hvd_mlflow import callback, collectives, journal, metric_state, sender
+    from hvd_mlflow import callback, collectives, journal, metric_state
 
     for part in PARTS:
         PROFILE[part] = [0.0]  # the slot timers add to (a new one each profiled epoch)
@@ -64,16 +68,17 @@ def instrument() -> None:
     timed(journal.LiveJournal, "append", "journal_append_ms")
     timed(callback.HorovodMlflowCallback, "on_epoch_end", "epoch_end_total_ms")
     timed(callback.HorovodMlflowCallback, "on_test_begin", "epoch_end_total_ms")
-    original = sender.Sender._deliver_once
 
-    def deliver(self, uploader):
-        start = time.thread_time()
-        try:
-            return original(self, uploader)
-        finally:
-            PROFILE["sender_cpu_ms"][-1] += time.thread_time() - start
 
-    sender.Sender._deliver_once = deliver
+def sender_cpu_s() -> float:
+    """The CPU time rank 0's sender thread has used so far (0 when there is none)."""
+    for thread in threading.enumerate():
+        if thread.name == "hvd-mlflow-sender" and thread.ident is not None:
+            try:
+                return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except OSError:  # it just ended
+                return 0.0
+    return 0.0
 
 
 class EpochClock(keras.callbacks.Callback):
@@ -89,9 +94,12 @@ class EpochClock(keras.callbacks.Callback):
         if self.profiled:
             for part in PROFILE:
                 PROFILE[part].append(0.0)
+            self.sender_began = sender_cpu_s()
 
     def on_epoch_end(self, epoch, logs=None):
         self.seconds.append(time.perf_counter() - self.began)
+        if self.profiled:  # what the sender used during this epoch (delivering the previous one, in practice)
+            PROFILE["sender_cpu_ms"][-1] = max(0.0, sender_cpu_s() - self.sender_began)
 
 
 def model_and_data(rank: int, samples: int):
@@ -140,8 +148,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank (0: TensorFlow's default)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    if args.threads:  # one rank per core, as Horovod advises on CPUs: 2 ranks x 2 threads on 2 cores is noisy
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     hvd.init()
     model, x, y = model_and_data(hvd.rank(), args.samples)
     xv, yv = x[:512], y[:512]
@@ -161,9 +173,14 @@ def main() -> None:
             medians[on] = statistics.median(clock.seconds)
         switch(args.variant, False, args.out)
         pairs.append({"without_s": medians[False], "with_s": medians[True]})
+    # the collective waits for the last rank to arrive: its own cost is what the last one spends in it
+    collective = hvd.allgather_object(PROFILE.get("collective_ms", [0.0])[1:], name="bench.collectives")
     if hvd.rank() == 0:
         profile = {part: statistics.median(v[1:]) * 1000 for part, v in PROFILE.items() if len(v) > 1}
-        result = {"pairs": pairs, "profile_ms": profile, "epochs": args.epochs}
+        if args.profile:
+            last = [min(epoch) for epoch in zip(*collective, strict=True)]
+            profile["collective_last_rank_ms"] = statistics.median(last) * 1000
+        result = {"pairs": pairs, "profile_ms": profile, "epochs": args.epochs, "threads": args.threads}
         (args.out / "result.json").write_text(json.dumps(result))
 
 

@@ -228,7 +228,13 @@ def memory(server: MlflowServer, epochs: int, metrics: int, work: Path) -> dict:
 
 
 def realistic(
-    server: MlflowServer, latencies: list[float], pairs: int, epochs: int, work: Path, variants: list[str] | None
+    server: MlflowServer,
+    latencies: list[float],
+    pairs: int,
+    epochs: int,
+    work: Path,
+    variants: list[str] | None,
+    threads: int,
 ) -> list[dict]:
     """The per-epoch cost on a realistic model (bench/paired_worker.py), by pairs inside one job per variant."""
     variants = variants or ["hvd", "hvd-mean", "hvd-system", "mlflow", *(["seed"] if seed_recipe_available() else [])]
@@ -239,7 +245,8 @@ def realistic(
             client = MlflowClient(server.url)
             experiment = client.create_experiment(f"bench-paired-{uuid.uuid4().hex[:8]}")
             fault = (lambda r, d=latency: Delay(d)) if latency else None
-            args = ["--variant", variant, "--pairs", str(pairs), "--epochs", str(epochs), "--out", str(out)]
+            args = ["--variant", variant, "--pairs", str(pairs), "--epochs", str(epochs), "--threads", str(threads),
+                    "--out", str(out)]  # fmt: skip
             with Proxy(server.url, fault=fault) as proxy:
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
                 launch("paired_worker.py", [*args, *(["--profile"] if variant == "hvd" else [])], env, out,
@@ -250,6 +257,7 @@ def realistic(
             ratios = [p["with_s"] / p["without_s"] for p in result["pairs"]]
             rows.append({
                 "latency_ms": int(latency * 1000), "variant": variant, "pairs": pairs, "epochs_per_fit": epochs,
+                "threads_per_rank": threads,
                 "epoch_s_without": statistics.median(p["without_s"] for p in result["pairs"]),
                 "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
@@ -269,7 +277,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--only", choices=["realistic"], help="run only this section")
+    parser.add_argument("--only", choices=["realistic", "overhead"], help="run only this section")
+    parser.add_argument("--variants", nargs="+", help="realistic section: only these variants (e.g. hvd seed)")
+    parser.add_argument("--pairs", type=int, help="realistic section: pairs per variant (default 1 quick, 8 full)")
+    parser.add_argument("--threads", type=int, default=1, help="realistic section: TensorFlow threads per rank")
     args = parser.parse_args()
     quick = args.quick
     results: dict = {"environment": environment(), "mode": "quick" if quick else "full", "command": " ".join(sys.argv)}
@@ -277,14 +288,19 @@ def main() -> None:
         work = Path(tmp)
         server = MlflowServer(work / "server").start()
         try:
-            results["realistic"] = realistic(server, [0.0] if quick else [0.0, 0.3], 1 if quick else 6,
-                                             3 if quick else 5, work, ["hvd"] if quick else None)  # fmt: skip
-            results["divergence"] = divergence_cost(5 if quick else 30)
+            if args.only != "overhead":
+                pairs = args.pairs or (1 if quick else 8)
+                results["realistic"] = realistic(server, [0.0] if quick else [0.0, 0.3], pairs, 3 if quick else 5,
+                                                 work, args.variants or (["hvd"] if quick else None),
+                                                 args.threads)  # fmt: skip
+                results["divergence"] = divergence_cost(5 if quick else 30)
             if args.only == "realistic":
                 raise _Done
             results["epochs"] = 10 if quick else 60
             results["overhead"] = overhead(server, [0.0, 0.1] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
                                            results["epochs"], work)  # fmt: skip
+            if args.only == "overhead":
+                raise _Done
             results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work)
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
@@ -336,6 +352,8 @@ def report(results: dict) -> None:
             f"  {label:>32}: fit/none {r['ratio_vs_none']:.3f}, +{r['added_ms_per_batch_vs_epoch_only']:.2f} ms per "
             f"batch vs epoch-only, batch/loss points {r['batch_points']} (expected {r['batch_points_expected']})"
         )
+    if "reduction_us" not in results:
+        return
     print("\nreduction per epoch end (2 ranks), microseconds:")
     for keys, r in results["reduction_us"].items():
         print(f"  {keys:>5} keys: fused {r['fused']:>9.0f}   per-key {r['per_key']:>10.0f}   x{r['speedup']:>6.1f}")

@@ -59,11 +59,13 @@ def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     model = trained(["mae", keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision")])
     state = metric_state.capture(model, prefix="")
     summed = state.values * 3 + 1  # any other state
-    computer = metric_state._computer(model, metric_state._variables(model), [])
-    compiled = computer._run_compiled(summed, state.values)
+    computer = metric_state._computer(model, metric_state._variables(model))
+    compiled = computer._run_compiled(summed)
     eager = computer._run_eagerly(summed, state.values)
     assert compiled.keys() == eager.keys() == {"loss", "mae", "auc", "precision"}
     for key in compiled:
         assert compiled[key] == pytest.approx(eager[key], rel=1e-6), key
     assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
-    assert not computer._eager  # it did compile
+    assert not computer._eager and computer._reader is not None  # it did compile, the reading too
+    assert state.values.tolist() == computer._read_eagerly().tolist()
+    assert state.samples == metric_state.samples(model) == 8  # the loss tracker's count, read from the state
