@@ -7,12 +7,12 @@ hvd-mlflow sync path/to/x.journal.sqlite --tracking-uri http://mlflow:5000
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from . import config, destination
 from . import journal as journal_module
 from ._version import __version__
 
@@ -54,7 +54,7 @@ def main(verbose: bool) -> None:
 @click.argument("journals", nargs=-1, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
     "--tracking-uri",
-    envvar="HVD_MLFLOW_SYNC_TRACKING_URI",
+    envvar=config.ENV_PREFIX + "SYNC_TRACKING_URI",
     help="Upload there instead of the tracking URI recorded in each journal.",
 )
 @click.option("--keep", is_flag=True, help="Keep journal files once fully delivered (default: delete them).")
@@ -107,7 +107,7 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
     meta = journal.meta()
     uri = tracking_uri or meta.tracking_uri
     if not tracking_uri and meta.tracking_uri_has_credentials:
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        uri = destination.tracking_uri_from_environment()
         if not uri:
             journal.close()
             raise click.ClickException(
@@ -184,10 +184,7 @@ def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str 
 
 
 def _last_run_id(client: object) -> str:
-    import os
-
-    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME")
+    experiment_id, name = destination.experiment_from_environment()
     if not experiment_id and name:
         experiment = client.get_experiment_by_name(name)  # type: ignore[attr-defined]
         if experiment is None:

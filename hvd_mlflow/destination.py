@@ -33,6 +33,18 @@ def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | N
     return environ.get("MLFLOW_RUN_ID") or None
 
 
+def tracking_uri_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+    """The tracking URI the environment sets (``MLFLOW_TRACKING_URI``), without MLflow's default."""
+    environ = os.environ if environ is None else environ
+    return environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def experiment_from_environment(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """The experiment the environment names: (``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME``)."""
+    environ = os.environ if environ is None else environ
+    return environ.get("MLFLOW_EXPERIMENT_ID") or None, environ.get("MLFLOW_EXPERIMENT_NAME") or None
+
+
 def is_azureml(tracking_uri: str) -> bool:
     """Whether the tracking server is AzureML's (the ``azureml-mlflow`` plugin's URI scheme)."""
     return urlsplit(tracking_uri).scheme == "azureml"
@@ -57,11 +69,11 @@ def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = Non
         run_id = active.info.run_id if active is not None else None
     if run_id is None and job_mode:
         run_id = environ.get("AZUREML_RUN_ID")
-    experiment_id = getattr(fluent, "_active_experiment_id", None) or environ.get("MLFLOW_EXPERIMENT_ID")
+    experiment_id, experiment_name = experiment_from_environment(environ)
     return Destination(
         tracking_uri=tracking_uri,
         run_id=run_id,
-        experiment_id=experiment_id or None,
-        experiment_name=environ.get("MLFLOW_EXPERIMENT_NAME") or None,
+        experiment_id=getattr(fluent, "_active_experiment_id", None) or experiment_id,
+        experiment_name=experiment_name,
         job_mode=job_mode,
     )

@@ -34,7 +34,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
         import tensorflow as tf
 
         flavour = keras_flavour.of_tf_keras()
-        legacy = os.environ.get("TF_USE_LEGACY_KERAS", "")
+        legacy = keras_flavour.legacy_setting()
         return Check("tensorflow", f"{tf.__version__}; tf.keras is {flavour} {keras_flavour.version(flavour)} "
                      f"(TF_USE_LEGACY_KERAS={legacy or 'unset'})")  # fmt: skip
 
@@ -65,7 +65,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
 
     out.append(_guard("tracking URI", "check MLFLOW_TRACKING_URI", tracking))
     plugin = installed_version("azureml-mlflow")
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    uri = destination.tracking_uri_from_environment() or ""
     uses = destination.is_azureml(uri)
     out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
                      ok=bool(plugin) or not uses, fix=dependencies.AZUREML))  # fmt: skip

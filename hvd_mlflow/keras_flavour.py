@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Mapping
 from types import ModuleType
 
 FLAVOURS = ("keras", "tf_keras")
@@ -38,9 +39,15 @@ def of_model(model: object) -> str:
     )
 
 
+def legacy_setting(environ: Mapping[str, str] | None = None) -> str:
+    """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
+    environ = os.environ if environ is None else environ
+    return environ.get("TF_USE_LEGACY_KERAS", "")
+
+
 def of_tf_keras() -> str:
     """The flavour that ``tf.keras`` resolves to here, without importing TensorFlow."""
-    legacy = os.environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true")
+    legacy = legacy_setting().strip().lower() in ("1", "true")
     if legacy and importlib.util.find_spec("tf_keras") is not None:
         return "tf_keras"
     return "keras"

@@ -21,3 +21,14 @@ def test_a_model_knows_its_flavour_and_its_batch_hook_rhythm(flavour):
 def test_not_a_keras_model_is_refused_clearly():
     with pytest.raises(TypeError, match="not a Keras model"):
         keras_flavour.of_model(object())
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"), [("1", "tf_keras"), ("true", "tf_keras"), ("0", "keras"), ("", "keras")]
+)
+def test_tf_keras_resolves_from_the_one_reading_of_tf_use_legacy_keras(monkeypatch, setting, expected):
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", setting)
+    assert keras_flavour.legacy_setting() == setting
+    if expected == "tf_keras" and "tf_keras" not in keras_flavour.importable():
+        expected = "keras"  # TF 2.15: no tf_keras package, tf.keras stays Keras 2
+    assert keras_flavour.of_tf_keras() == expected
