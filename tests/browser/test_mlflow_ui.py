@@ -9,6 +9,7 @@ Keras values: equal shards). The screenshot is kept in test-artifacts/ (docs/mlf
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -81,3 +82,47 @@ def test_val_loss_chart_has_one_point_per_epoch(tmp_path, mlflow_server):
         assert trace["y"] == pytest.approx(want, rel=1e-6)  # the global values
     assert chart["markers"] == EPOCHS  # what is drawn: one marker per epoch
     assert not [u for u in outside if not u.startswith(("data:", "blob:", "about:"))], outside[:5]
+
+
+def test_a_diverged_run_shows_its_tag_and_spread_curve(tmp_path, mlflow_server, client):
+    """What docs/training-dynamics.md shows: ranks that train different models (Keras 3: Horovod's
+    DistributedOptimizer does not average; else no initial broadcast), the run's tag and its spread chart."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.multirank.test_divergence import WORKER, keras3
+
+    scenario = "horovod-optimizer" if keras3() else "no-broadcast"
+    experiment = f"diverged-{tmp_path.name}"
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": experiment}
+    launch.run(tmp_path, ["--scenarios", scenario, "--epochs", str(EPOCHS)], worker=WORKER, env=env).check()
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    (run,) = client.search_runs([experiment_id])
+    spread = sorted(client.get_metric_history(run.info.run_id, "weights_rank_spread"), key=lambda m: m.step)
+    base = f"{mlflow_server.url}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=shutil.which("chromium"), args=CLOSED_NETWORK)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            page.goto(base)
+            page.wait_for_function("() => document.body.innerText.includes('hvd_mlflow.diverged_at_epoch')",
+                                   timeout=90_000)  # fmt: skip
+            overview = page.evaluate("() => document.body.innerText")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-overview.png"))
+            page.goto(f"{base}/model-metrics")
+            drawn = f"() => ({READ_CHARTS})().some(c => c.title === 'weights_rank_spread' && c.markers > 0)"
+            page.wait_for_function(drawn, timeout=90_000)
+            page.wait_for_timeout(1000)
+            charts = {c["title"]: c for c in page.evaluate(READ_CHARTS)}
+            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-metrics.png"))
+        finally:
+            browser.close()
+
+    shown = re.search(r"hvd_mlflow\.diverged_at_epoch\s*:?\s*(\S+)", overview)  # the tag's key, then its value
+    assert shown is not None and shown[1] == "0", overview[overview.index("hvd_mlflow.diverged_at_epoch") :][:80]
+    chart = charts["weights_rank_spread"]
+    assert chart["markers"] == EPOCHS
+    for trace in chart["traces"]:
+        assert trace["x"] == list(range(EPOCHS))
+        assert trace["y"] == pytest.approx([m.value for m in spread], rel=1e-6) and min(trace["y"]) > 1e-5
