@@ -22,8 +22,8 @@ The decisions that choose which collectives a rank calls, each the same on every
 * nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
 
 The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.epoch_exchange` what
-rides in the epoch's collective besides the metrics (every rank); :mod:`hvd_mlflow.rank_zero_steps` what rank 0
-alone does (always called inside the guard).
+rides in the epoch's collective (every rank); :mod:`hvd_mlflow.rank_zero_steps` what rank 0 alone does (each part
+inside the guard). :mod:`hvd_mlflow.fit_plan` agrees the fit's plan and builds its batch clock.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ from . import (
     dependencies,
     destination,
     elastic,
+    fit_plan,
     keras_flavour,
     metric_state,
-    run_params,
     topology,
 )
-from ._log import set_silent, warn_once
+from ._log import set_silent
 from .aggregate import Reducer, numeric_entries, write_back
 from .batch_steps import BatchClock
 from .config import Options
 from .epoch_exchange import EpochExchange
-from .fit_plan import Proposal, agree
+from .fit_plan import Proposal
 from .names import NameMap
 from .rank_zero import RankZeroGuard
 from .rank_zero_steps import RankZeroSteps
@@ -151,12 +151,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
 
     # -- Keras hooks -----------------------------------------------------------------------------------
     def set_model(self, model: Any) -> None:
-        actual = keras_flavour.of_model(model)
-        if actual != self._flavour:
-            raise TypeError(
-                f"this HorovodMlflowCallback was built for {self._flavour} but the model is a {actual} "
-                f"model; create it with HorovodMlflowCallback(model=model)"
-            )
+        keras_flavour.check_model(model, self._flavour)
         super().set_model(model)
 
     def on_train_begin(self, logs: Mapping[str, Any] | None = None) -> None:
@@ -170,30 +165,15 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._begin_fit_state()
         first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:
-            with self._rank0.step("opening the run and the journal", essential=True):
-                self._start_logging()
-            with self._rank0.step("reading the optimizer's step"):
-                first_step = run_params.optimizer_iterations(self.model) or 0
-            if self._logging and every:
-                with self._rank0.step("planning the batch curves"):
-                    every = self._within_row_limit(every)
-        tuned = keras_flavour.steps_per_execution_is_tuned(self.model)  # compile arguments: alike on every rank
-        per_execution = keras_flavour.steps_per_execution(self.model)
-        shape = (*self.options.collective(), ("steps_per_execution", "auto" if tuned else per_execution))
-        plan = agree(self._comm, Proposal(self.run_id, self._owns_run, first_step, shape, every))
+            first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
+        proposal = Proposal(
+            self.run_id, self._owns_run, first_step, fit_plan.collective_shape(self.options, self.model), every
+        )
+        plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
-        every = plan.log_every_n_steps
-        if every and tuned:  # each rank would tune it on its own clock: the batch indices would differ
-            every = 0
-            if self._comm.rank == 0:
-                warn_once(
-                    "tuned-steps",
-                    "hvd-mlflow: log_every_n_steps is off for this fit: steps_per_execution="
-                    "'auto' lets each rank tune it on its own, so ranks cannot agree on batches; give a number",
-                )
-        self._clock = BatchClock(plan.first_step, every, per_execution)
+        self._clock = fit_plan.batch_clock(plan, self.model, warn=self._comm.rank == 0)
         if self.options.system_metrics:  # every rank samples its own process
             self._sampler = SystemSampler(topology.current().local_rank)
             self._sampler.start()
@@ -215,9 +195,11 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         step = self._clock.after_batch(batch)
         if step is None:
             return
-        states = [metric_state.capture(self.model, prefix="")] if self.options.reduction != "mean" else []
         global_values = self._reducer.reduce(
-            numeric_entries(logs or {}), tag="batch", states=_present(states), not_additive=self._not_additive_keys()
+            numeric_entries(logs or {}),
+            tag="batch",
+            states=self._batch_states(),
+            not_additive=self._not_additive_keys(),
         )
         write_back(logs if logs is not None else {}, global_values)
         values = {f"batch/{k}": v for k, v in {**global_values, **self._reducer.spread}.items()}
@@ -242,28 +224,16 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
                 self._open_csv(append=epoch > 0)
 
     def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
-        # fit's validation is about to reset the metrics: keep the training state first
-        if not self._finished and not self._validating:
-            self._validating = True
-            if self.options.reduction != "mean":
-                self._train_state = metric_state.capture(self.model, prefix="")
-            else:
-                self._train_samples = metric_state.samples(self.model)
+        if not self._finished and not self._validating:  # fit's validation is about to reset the metrics
+            self._keep_train_state()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
-        states: list[Any] = []
-        if self.options.reduction != "mean":
-            states = (
-                [self._train_state, metric_state.capture(self.model, prefix="val_")]
-                if self._validating
-                else [metric_state.capture(self.model, prefix="")]
-            )
         global_values = self._reducer.reduce(
             numeric_entries(logs),
             tag="epoch",
-            states=_present(states),
+            states=self._epoch_states(),
             carry=self._epoch_carry(),
             not_additive=self._not_additive_keys(),
         )
@@ -275,17 +245,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
         logged.update(self._ranks_health(epoch))
-        if self._logging and self._reducer.inexact - self._inexact_logged:
-            with self._rank0.step("recording which values are not exact"):
-                self._record_inexact()
         if self._logging:
-            with self._rank0.step("the epoch time and throughput"):
-                for key, value in self._timing().items():
-                    logged.setdefault(key, value)
-            with self._rank0.step("the learning rate"):
-                rate = run_params.current_learning_rate(self.model)
-                if rate is not None:
-                    logged.setdefault("learning_rate", rate)
+            self._epoch_extras(logged)  # each of its parts inside the rank-0 guard
         timestamp_ms = int(time.time() * 1000)
         if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
             self._elastic.link.remember(self._step, timestamp_ms, logged)
@@ -306,20 +267,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             return
         self._finished = True
         self._stop_sampler()
-        if self._run_logger is None:
-            return
-        deadline = time.monotonic() + self.options.flush_timeout
-        run_logger = self._run_logger
-        with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
-            run_logger.record_outcome(status)
-        if status == "FINISHED":
-            with self._rank0.step("logging the model"):
-                if self._logs_models():  # the model gets the budget but a part kept for the last epochs
-                    self._log_model(deadline - min(5.0, self.options.flush_timeout / 2))
-        self._close_csv()
-        self._run_logger = None
-        with self._rank0.step("delivering the last epochs"):
-            run_logger.close(status, deadline)
+        if self._logging:
+            self._finish_logging(status)  # each of its parts inside the rank-0 guard
 
     def _after_reset(self) -> None:
         """``fit`` was cut by an elastic reset and will run again: stop sending at once, leave the run open."""
@@ -327,18 +276,9 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._stop_sampler()
         self._hand_over()
 
-    def _stop_sampler(self) -> None:
-        sampler, self._sampler = self._sampler, None
-        if sampler is not None:
-            sampler.stop()
-
     # -- used by autolog -------------------------------------------------------------------------------
     def _set_fit_arguments(self, batch_size: int | None) -> None:
         self._batch_size = batch_size
-
-
-def _present(states: list[Any]) -> list[metric_state.MetricState]:
-    return [s for s in states if s is not None]
 
 
 def _concrete_class(flavour: str) -> type:

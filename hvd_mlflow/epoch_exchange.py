@@ -1,5 +1,6 @@
-"""What rides in the epoch's collective besides the metrics, on every rank alike: rank 0's optimizer step (the
-batch clock's anchor), the samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.divergence`),
+"""What rides in the epoch's (and a logged batch's) collective, on every rank alike: the metric states (the training
+state kept before validation resets it), and besides them rank 0's optimizer step (the batch clock's anchor), the
+samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.divergence`),
 the ranks' system metrics (:mod:`hvd_mlflow.system_metrics`); and what every rank reads back from it. The same keys
 on every rank, whatever each rank could compute (NaN then): the collective's layout never depends on one rank.
 """
@@ -15,10 +16,38 @@ from .system_metrics import summary as system_summary
 
 
 class EpochExchange:
-    """The carried half of :class:`hvd_mlflow.HorovodMlflowCallback`'s epoch end (a mixin on the callback)."""
+    """What :class:`hvd_mlflow.HorovodMlflowCallback` puts into its collectives and reads back from them, on every
+    rank (a mixin on the callback); also the system-metrics sampler whose epoch means ride there."""
 
     model: Any
     options: Any
+
+    def _batch_states(self) -> list[metric_state.MetricState]:
+        """The state a logged batch's results come from (none for ``reduction="mean"`` or a model without metrics)."""
+        if self.options.reduction == "mean":
+            return []
+        return _present([metric_state.capture(self.model, prefix="")])
+
+    def _keep_train_state(self) -> None:
+        """Before fit's validation resets the metrics: keep the training state (or, for ``mean``, the samples)."""
+        self._validating = True
+        if self.options.reduction != "mean":
+            self._train_state = metric_state.capture(self.model, prefix="")
+        else:
+            self._train_samples = metric_state.samples(self.model)
+
+    def _epoch_states(self) -> list[metric_state.MetricState]:
+        """The states the epoch's results come from: training and validation, or training alone."""
+        if self.options.reduction == "mean":
+            return []
+        if not self._validating:
+            return _present([metric_state.capture(self.model, prefix="")])
+        return _present([self._train_state, metric_state.capture(self.model, prefix="val_")])
+
+    def _stop_sampler(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
 
     def _not_additive_keys(self) -> set[str]:
         """The result keys (train and ``val_``) of metrics whose state does not add up: found once per fit, when
@@ -67,3 +96,8 @@ class EpochExchange:
         if self.options.reduction == "mean":  # the exact reductions count samples in the metric states
             carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
         return carry
+
+
+def _present(states: list[metric_state.MetricState | None]) -> list[metric_state.MetricState]:
+    """The states that exist (``capture`` gives None for a model without built metrics)."""
+    return [s for s in states if s is not None]

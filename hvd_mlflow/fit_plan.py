@@ -6,7 +6,8 @@ global step it starts from (its optimizer's iteration count: with Horovod's resu
 restored it yet) and the batch-logging interval (raised to keep within the server's rows per metric), every rank
 the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
 takes rank 0's run, first step and interval, and every rank sees whether the ranks' options differ and raises the
-same error if they do (never a hang).
+same error if they do (never a hang). The batch clock follows from the agreed plan and the compile arguments, which
+every rank has alike.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from . import keras_flavour
+from ._log import warn_once
+from .batch_steps import BatchClock
 from .collectives import Collectives
 from .errors import OptionsMismatchError
 
@@ -34,6 +38,29 @@ class Plan:
     owns_run: bool
     first_step: int
     log_every_n_steps: int = 0
+
+
+def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
+    """The options that shape collectives, and ``steps_per_execution`` (a compile argument: alike on every rank)."""
+    tuned = keras_flavour.steps_per_execution_is_tuned(model)
+    return (
+        *options.collective(),
+        ("steps_per_execution", "auto" if tuned else keras_flavour.steps_per_execution(model)),
+    )
+
+
+def batch_clock(plan: Plan, model: Any, *, warn: bool) -> BatchClock:
+    """The fit's batch clock: the agreed first step and interval, off when ``steps_per_execution="auto"``."""
+    every = plan.log_every_n_steps
+    if every and keras_flavour.steps_per_execution_is_tuned(model):  # each rank would tune it on its own clock
+        every = 0
+        if warn:
+            warn_once(
+                "tuned-steps",
+                "hvd-mlflow: log_every_n_steps is off for this fit: steps_per_execution="
+                "'auto' lets each rank tune it on its own, so ranks cannot agree on batches; give a number",
+            )
+    return BatchClock(plan.first_step, every, keras_flavour.steps_per_execution(model))
 
 
 def agree(comm: Collectives, proposal: Proposal) -> Plan:

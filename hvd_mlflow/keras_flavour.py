@@ -17,6 +17,7 @@ import importlib.util
 import os
 from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 FLAVOURS = ("keras", "tf_keras")
 
@@ -43,6 +44,16 @@ def legacy_setting(environ: Mapping[str, str] | None = None) -> str:
     """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
     environ = os.environ if environ is None else environ
     return environ.get("TF_USE_LEGACY_KERAS", "")
+
+
+def check_model(model: Any, flavour: str | None) -> None:
+    """Raise ``TypeError`` when ``model`` is not of ``flavour`` (a callback is built for one flavour)."""
+    actual = of_model(model)
+    if actual != flavour:
+        raise TypeError(
+            f"this HorovodMlflowCallback was built for {flavour} but the model is a {actual} "
+            f"model; create it with HorovodMlflowCallback(model=model)"
+        )
 
 
 def of_tf_keras() -> str:

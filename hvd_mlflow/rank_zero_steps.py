@@ -1,7 +1,9 @@
 """What rank 0 alone does for the callback: the journal and the run, params, the per-epoch extras, the CSV file,
-the model, the tags, and the end of a fit. Every method here is called by :class:`hvd_mlflow.HorovodMlflowCallback`
-inside its rank-0 guard (``self._rank0.step(...)``, :mod:`hvd_mlflow.rank_zero`) and only where ``self._logging``
-(only rank 0 ever holds a run logger): none of it may decide a collective, and what it raises becomes a warning.
+the model, the tags, and the end of a fit. :class:`hvd_mlflow.HorovodMlflowCallback` calls these methods on rank 0
+only (where ``self._logging``: only rank 0 ever holds a run logger; ``_rank0_train_begin`` where the rank is 0), and
+each of them runs inside the rank-0 guard (``self._rank0.step(...)``, :mod:`hvd_mlflow.rank_zero`): the three
+``_rank0_train_begin``, ``_epoch_extras`` and ``_finish_logging`` open the guard around each of their parts, the
+others are called inside one. None of it may decide a collective, and what it raises becomes a warning.
 """
 
 from __future__ import annotations
@@ -26,6 +28,46 @@ class RankZeroSteps:
     _csv_logger: Any
     model: Any
     options: Any
+
+    def _rank0_train_begin(self, every: int) -> tuple[int, int]:
+        """Rank 0 at train begin: open the run and the journal; its proposal's first step and batch interval."""
+        first_step = 0
+        with self._rank0.step("opening the run and the journal", essential=True):
+            self._start_logging()
+        with self._rank0.step("reading the optimizer's step"):
+            first_step = run_params.optimizer_iterations(self.model) or 0
+        if self._logging and every:
+            with self._rank0.step("planning the batch curves"):
+                every = self._within_row_limit(every)
+        return first_step, every
+
+    def _epoch_extras(self, logged: dict[str, float]) -> None:
+        """Rank 0 at an epoch end: the inexact keys' tag, and the epoch time, throughput and learning rate."""
+        if self._reducer.inexact - self._inexact_logged:
+            with self._rank0.step("recording which values are not exact"):
+                self._record_inexact()
+        with self._rank0.step("the epoch time and throughput"):
+            for key, value in self._timing().items():
+                logged.setdefault(key, value)
+        with self._rank0.step("the learning rate"):
+            rate = run_params.current_learning_rate(self.model)
+            if rate is not None:
+                logged.setdefault("learning_rate", rate)
+
+    def _finish_logging(self, status: str) -> None:
+        """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
+        deadline = time.monotonic() + self.options.flush_timeout
+        run_logger = self._run_logger
+        with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
+            run_logger.record_outcome(status)
+        if status == "FINISHED":
+            with self._rank0.step("logging the model"):
+                if self._logs_models():  # the model gets the budget but a part kept for the last epochs
+                    self._log_model(deadline - min(5.0, self.options.flush_timeout / 2), run_logger)
+        self._close_csv()
+        self._run_logger = None
+        with self._rank0.step("delivering the last epochs"):
+            run_logger.close(status, deadline)
 
     def _hand_over(self) -> None:
         run_logger, self._run_logger = self._run_logger, None
@@ -156,15 +198,14 @@ class RankZeroSteps:
 
         return not destination.is_azureml_job(mlflow.get_tracking_uri())
 
-    def _log_model(self, deadline: float) -> None:
+    def _log_model(self, deadline: float, run_logger: RunLogger) -> None:
         import mlflow
 
-        assert self._run_logger is not None, "only rank 0, while logging, logs the model"
-        if self._run_logger.server_down:
+        if run_logger.server_down:
             logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
             return
         wait = min(self.options.run_wait, deadline - time.monotonic())
-        run_id = self.run_id or self._run_logger.wait_for_run(wait)
+        run_id = self.run_id or run_logger.wait_for_run(wait)
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return

@@ -158,7 +158,7 @@ class Extra(keras.callbacks.Callback):
             logs["a@b"], logs["a(b"] = 1.0, 2.0
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--epochs", type=int, default=4)
@@ -184,33 +184,30 @@ def main() -> None:
     parser.add_argument("--then-fit-to", type=int, default=0, help="a second fit, from --epochs to this epoch")
     parser.add_argument("--probe", action="store_true", help="record the final model's predictions on 4 inputs")
     parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
-    args = parser.parse_args()
-    if args.audit:
-        audit_connections()
+    return parser.parse_args()
 
-    if args.stray_writers:  # as many scripts do, before anything else (so before hvd_mlflow.autolog)
-        import mlflow.tensorflow
 
-        mlflow.tensorflow.autolog()
-    hvd.init()
-    logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
-    logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
-    rank = hvd.rank()
-    options = {"extra_params": {f"hp_{i:03d}": i for i in range(args.params)}} if args.params else {}
+def hvd_mlflow_options(args: argparse.Namespace) -> dict:
+    """The options every rank gives hvd-mlflow (to autolog or the callback)."""
+    extra_params = {f"hp_{i:03d}": i for i in range(args.params)}
+    if args.attempt:
+        extra_params["attempt"] = args.attempt
+    options: dict = {"extra_params": extra_params} if extra_params else {}
     if args.reduction:
         options["reduction"] = args.reduction
     if args.log_every_n_steps:
         options["log_every_n_steps"] = args.log_every_n_steps
     if args.rank_spread:
         options["rank_spread"] = args.rank_spread.split(",")
-    if args.attempt:
-        options["extra_params"] = {**options.get("extra_params", {}), "attempt": args.attempt}
-    extra = args.extra_metrics or args.odd_names or args.collision or args.epoch_sleep
-    if not (args.explicit_callback or extra):
-        hvd_mlflow.autolog(**options)
-    spy(args)
-    keras.utils.set_random_seed(7)
+    return options
 
+
+def extra_logs(args: argparse.Namespace) -> bool:
+    """Scenarios where entries are added to the logs before hvd-mlflow's callback: the callback is passed."""
+    return bool(args.extra_metrics or args.odd_names or args.collision or args.epoch_sleep)
+
+
+def compiled_model(args: argparse.Namespace, rank: int):
     metrics = ["accuracy"] + (["mae"] if args.mismatch and rank == 1 else [])
     if args.uneven:
         metrics += [keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision"),
@@ -224,49 +221,78 @@ def main() -> None:
     if args.lr_schedule:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
     model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="binary_crossentropy", metrics=metrics)
-    sizes = (100, 37) if args.uneven else (args.samples, args.samples)
-    x, y = data(rank, sizes[rank])
-    xv, yv = data(rank, sizes[rank] // 2, seed=10)
+    return model
+
+
+def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
     callbacks = []
-    if extra:
+    if extra_logs(args):
         callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
-    if args.explicit_callback or extra:
+    if args.explicit_callback or extra_logs(args):
         callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
     if args.stray_writers:
         callbacks.append(UserLogging())
     if args.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
-    history = model.fit(
-        x,
-        y,
-        batch_size=16,
-        epochs=args.epochs,
-        validation_data=None if args.no_validation else (xv, yv),
-        callbacks=callbacks,
-        verbose=0,
-        initial_epoch=args.initial_epoch,
-    )
-    record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
-    if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
-        more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,
-                         validation_data=(xv, yv), callbacks=callbacks, verbose=0)  # fmt: skip
-        record["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
-    if args.uneven and rank == 0:  # the same weights evaluated in one process on every rank's samples together
-        union = [data(r, sizes[r]) for r in range(hvd.size())]
-        union_val = [data(r, sizes[r] // 2, seed=10) for r in range(hvd.size())]
-        for name, parts in (("union_train", union), ("union_val", union_val)):
-            ux, uy = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-            result = model.evaluate(ux, uy, batch_size=1000, verbose=0, return_dict=True)
-            record[name] = {k: float(v) for k, v in result.items()}
-    if args.probe:
-        probe = data(0, 4, seed=99)[0]
-        record["probe_x"], record["probe_y"] = probe.tolist(), model.predict(probe, verbose=0).ravel().tolist()
+    return callbacks
+
+
+def record_union_evaluation(model, sizes: tuple[int, int]) -> None:
+    """The same weights evaluated in one process on every rank's samples together: the truth of --uneven."""
+    union = [data(r, sizes[r]) for r in range(hvd.size())]
+    union_val = [data(r, sizes[r] // 2, seed=10) for r in range(hvd.size())]
+    for name, parts in (("union_train", union), ("union_val", union_val)):
+        ux, uy = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        result = model.evaluate(ux, uy, batch_size=1000, verbose=0, return_dict=True)
+        record[name] = {k: float(v) for k, v in result.items()}
+
+
+def record_process_state() -> None:
+    """What the process holds once training is over: threads, and whether AzureML's plugin was loaded."""
     record["size"] = hvd.size()
     record["finished"] = True
     record["threads"] = sorted(t.name for t in threading.enumerate())
     auth = sys.modules.get("azureml.mlflow._common._authentication.azureml_token_authentication")
     record["azureml_plugin_loaded"] = auth is not None
     record["token_refresh_daemon"] = bool(auth and auth.AzureMLTokenAuthentication._daemon is not None)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.audit:
+        audit_connections()
+    if args.stray_writers:  # as many scripts do, before anything else (so before hvd_mlflow.autolog)
+        import mlflow.tensorflow
+
+        mlflow.tensorflow.autolog()
+    hvd.init()
+    logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
+    logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
+    rank = hvd.rank()
+    options = hvd_mlflow_options(args)
+    if not (args.explicit_callback or extra_logs(args)):
+        hvd_mlflow.autolog(**options)
+    spy(args)
+    keras.utils.set_random_seed(7)
+    model = compiled_model(args, rank)
+    sizes = (100, 37) if args.uneven else (args.samples, args.samples)
+    x, y = data(rank, sizes[rank])
+    xv, yv = data(rank, sizes[rank] // 2, seed=10)
+    callbacks = fit_callbacks(args, model, options)
+    validation = None if args.no_validation else (xv, yv)
+    history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=validation, callbacks=callbacks,
+                        verbose=0, initial_epoch=args.initial_epoch)  # fmt: skip
+    record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
+    if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
+        more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,
+                         validation_data=(xv, yv), callbacks=callbacks, verbose=0)  # fmt: skip
+        record["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
+    if args.uneven and rank == 0:
+        record_union_evaluation(model, sizes)
+    if args.probe:
+        probe = data(0, 4, seed=99)[0]
+        record["probe_x"], record["probe_y"] = probe.tolist(), model.predict(probe, verbose=0).ravel().tolist()
+    record_process_state()
     save(args.out)
 
 
