@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import HvdMlflowError, MetricKeyMismatchError, MetricNameCollisionError, OptionsMismatchError
+from .errors import (
+    HvdMlflowError,
+    MetricKeyMismatchError,
+    MetricNameCollisionError,
+    MissingDependencyError,
+    OptionsMismatchError,
+)
 
 if TYPE_CHECKING:
     from .autologging import autolog
@@ -30,6 +36,7 @@ __all__ = [
     "HvdMlflowError",
     "MetricKeyMismatchError",
     "MetricNameCollisionError",
+    "MissingDependencyError",
     "OptionsMismatchError",
     "__version__",
 ]

@@ -134,7 +134,9 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
 @click.argument("csv_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--run-id", help="Import into this run.")
 @click.option("--experiment", help="Import into a run of this experiment (created on the first import).")
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="Default: MLFLOW_TRACKING_URI, else MLflow's.")
+@click.option(
+    "--tracking-uri", envvar=destination.TRACKING_URI_VARIABLE, help="Default: MLFLOW_TRACKING_URI, else MLflow's."
+)
 def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, tracking_uri: str | None) -> None:
     """Upload a Keras CSVLogger file (the seed recipe's training_metrics.csv) into a run, at step = epoch.
 
@@ -161,7 +163,9 @@ def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, track
 @click.argument("run_id")
 @click.option("--metrics", "-m", multiple=True, help="Metrics to draw (default: all); repeat the option.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("curves.png"))
-@click.option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="Default: MLFLOW_TRACKING_URI, else MLflow's.")
+@click.option(
+    "--tracking-uri", envvar=destination.TRACKING_URI_VARIABLE, help="Default: MLFLOW_TRACKING_URI, else MLflow's."
+)
 def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str | None) -> None:
     """Draw a run's training curves to a PNG: each metric with its val_ twin, by epoch.
 

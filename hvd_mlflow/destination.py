@@ -13,6 +13,10 @@ from urllib.parse import urlsplit
 
 from .redact import mask_uri
 
+RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # MLflow's start_run() deletes it when it attaches to the run
+TRACKING_URI_VARIABLE = "MLFLOW_TRACKING_URI"
+AZUREML_RUN_VARIABLE = "AZUREML_RUN_ID"  # set in every AzureML job: the job's run
+
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
@@ -30,13 +34,13 @@ class Destination:
 def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
     """The run the job asks for. Read it early: MLflow's ``start_run()`` deletes ``MLFLOW_RUN_ID``."""
     environ = os.environ if environ is None else environ
-    return environ.get("MLFLOW_RUN_ID") or None
+    return environ.get(RUN_ID_VARIABLE) or None
 
 
 def tracking_uri_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
     """The tracking URI the environment sets (``MLFLOW_TRACKING_URI``), without MLflow's default."""
     environ = os.environ if environ is None else environ
-    return environ.get("MLFLOW_TRACKING_URI") or None
+    return environ.get(TRACKING_URI_VARIABLE) or None
 
 
 def experiment_from_environment(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
@@ -52,7 +56,7 @@ def is_azureml(tracking_uri: str) -> bool:
 
 def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
-    return is_azureml(tracking_uri) and bool(environ.get("AZUREML_RUN_ID"))
+    return is_azureml(tracking_uri) and bool(environ.get(AZUREML_RUN_VARIABLE))
 
 
 def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:
@@ -68,7 +72,7 @@ def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = Non
         active = mlflow.active_run()
         run_id = active.info.run_id if active is not None else None
     if run_id is None and job_mode:
-        run_id = environ.get("AZUREML_RUN_ID")
+        run_id = environ.get(AZUREML_RUN_VARIABLE)
     experiment_id, experiment_name = experiment_from_environment(environ)
     return Destination(
         tracking_uri=tracking_uri,

@@ -17,3 +17,7 @@ class MetricNameCollisionError(HvdMlflowError, ValueError):
 
 class OptionsMismatchError(HvdMlflowError):
     """Ranks were given different options that decide which collectives run."""
+
+
+class MissingDependencyError(HvdMlflowError, ImportError):
+    """TensorFlow, Horovod or MLflow cannot be imported here; the message names the pip command that installs it."""

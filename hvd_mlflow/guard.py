@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import topology
+from . import destination, topology
 from ._log import warn_once
 
 FLUENT_WRITERS = (
@@ -181,7 +181,7 @@ def _start_run(original: Callable[..., Any], run_id: str | None, job_mode: bool)
             return original(*args, **kwargs)
         finally:
             if job_mode and run_id:  # MLflow's start_run() deleted it: the next call must find the job's run
-                os.environ.setdefault("MLFLOW_RUN_ID", run_id)
+                os.environ.setdefault(destination.RUN_ID_VARIABLE, run_id)
 
     return start_run
 

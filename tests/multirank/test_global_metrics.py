@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from tests.support import launch
-from tests.support.checks import expected_global
+from tests.support.checks import expected_global, report
 from tests.support.proxy import Proxy
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -120,6 +120,28 @@ def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client
     assert_params(client, run.info.run_id)
     assert len([r for r in proxy.requests if r.path.endswith("/runs/create")]) == 1
     assert_each_point_sent_once(proxy, ranks[0]["local"][0])
+
+
+SET_UP_AND_END = 6  # the most requests a run may cost besides its metric requests (docs/reliability.md)
+
+
+@pytest.mark.once  # the sender's requests: no Keras in them
+def test_a_run_costs_at_most_one_request_per_epoch_and_the_same_few_around_it(tmp_path, mlflow_server, client):
+    """At most one metric request per epoch, plus set-up and end requests whose number does not grow with epochs."""
+    around = {}
+    for epochs in (2, 8):
+        name = f"requests-{epochs}-{uuid.uuid4().hex[:8]}"
+        with Proxy(mlflow_server.url) as proxy:
+            env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_NAME": name}
+            launch.run(tmp_path / f"epochs{epochs}", ["--epochs", str(epochs)], env=env).check()
+        metric = proxy.metric_requests()
+        (run,) = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+        assert len(client.get_metric_history(run.info.run_id, "loss")) == epochs  # every epoch arrived
+        assert 1 <= len(metric) <= epochs
+        around[epochs] = sorted(f"{r.method} {r.path.split('?')[0]}" for r in proxy.requests if r not in metric)
+    assert around[2] == around[8], "the set-up and end requests depend on the number of epochs"
+    assert len(around[8]) <= SET_UP_AND_END, around[8]
+    report("requests_per_run", set_up_and_end=around[8])
 
 
 @pytest.mark.once  # the layout check of the fused collective: no Keras in it
