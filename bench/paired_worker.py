@@ -10,7 +10,11 @@ its last callback on rank 0. With ``--profile`` (variant ``hvd``), hvd-mlflow's 
 metric-state capture, the collective, the result computation from the summed state, the journal append (with
 its fsync), the rest of its epoch end, and the CPU time of rank 0's sender thread, on rank 0; the collective also
 on rank 1, since on rank 0 it includes waiting for the other rank: the last rank to arrive spends only the
-collective's own time in it (``collective_last_rank_ms``). Each rank runs TensorFlow on ``--threads`` threads
+collective's own time in it (``collective_last_rank_ms``). The floors the parts are held against are measured in
+the same job, at the same point of the no-logging fits' epochs (``floors_ms``): Horovod's smallest collective (one
+16-value allreduce, at the last rank to arrive), one compiled TensorFlow call with its device-to-host transfer, one
+small write with its fsync next to the journal; and the CPU time of one ``MlflowClient.log_batch`` of the epoch's
+metrics, on rank 0. Each rank runs TensorFlow on ``--threads`` threads
 (1 by default: one rank per core, as Horovod advises on CPUs).
 
 Rank 0 writes ``result.json`` in ``--out``.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import statistics
 import sys
 import threading
@@ -102,6 +107,52 @@ class EpochClock(keras.callbacks.Callback):
             PROFILE["sender_cpu_ms"][-1] = max(0.0, sender_cpu_s() - self.sender_began)
 
 
+FLOORS: dict[str, list[float]] = collections.defaultdict(list)
+
+
+class Floors(keras.callbacks.Callback):
+    """In the no-logging fits of a profiled job: the floor of each part, at the same point of the epoch."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.path = out / f"floor-{hvd.rank()}.bin"
+        self.call = tf.function(lambda: tf.reduce_sum(tf.ones(16)))
+
+    def on_epoch_end(self, epoch, logs=None):
+        start = time.perf_counter()
+        hvd.allreduce(tf.zeros(16), op=hvd.Sum, name="bench.floor")
+        FLOORS["collective"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        self.call().numpy()
+        FLOORS["call_and_transfer"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        with open(self.path, "ab") as file:
+            file.write(b"x" * 200)
+            file.flush()
+            os.fsync(file.fileno())
+        FLOORS["write_and_fsync"].append(time.perf_counter() - start)
+
+
+FLOOR_REQUESTS = 5  # the metric requests the request floor sends (the bench subtracts them from its count)
+
+
+def request_cpu_floor_ms(logs: dict[str, float], repeats: int = FLOOR_REQUESTS) -> float:
+    """Rank 0: the CPU time of one ``MlflowClient.log_batch`` of the epoch's metrics (median of ``repeats``)."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    client = mlflow.MlflowClient()
+    run_id = client.create_run(os.environ["MLFLOW_EXPERIMENT_ID"]).info.run_id
+    seconds = []
+    for step in range(repeats):
+        metrics = [Metric(k, v, int(time.time() * 1000), step) for k, v in logs.items()]
+        start = time.thread_time()
+        client.log_batch(run_id, metrics=metrics)
+        seconds.append(time.thread_time() - start)
+    client.set_terminated(run_id)
+    return statistics.median(seconds) * 1000
+
+
 def model_and_data(rank: int, samples: int):
     rng = np.random.default_rng(rank)
     x = rng.normal(size=(samples, 128)).astype("float32")
@@ -167,20 +218,31 @@ def main() -> None:
         for on in order:
             callbacks = switch(args.variant, on, args.out)
             clock = EpochClock(profiled=on and args.profile)
+            floors = [Floors(args.out)] if args.profile and not on else []
             hvd.allreduce(np.zeros(1), name=f"bench.pair.{pair}.{on}")  # both ranks start together
-            model.fit(x, y, batch_size=128, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
-                      callbacks=[*callbacks, clock])  # fmt: skip
+            history = model.fit(x, y, batch_size=128, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
+                                callbacks=[*callbacks, *floors, clock])  # fmt: skip
             medians[on] = statistics.median(clock.seconds)
         switch(args.variant, False, args.out)
         pairs.append({"without_s": medians[False], "with_s": medians[True]})
     # the collective waits for the last rank to arrive: its own cost is what the last one spends in it
     collective = hvd.allgather_object(PROFILE.get("collective_ms", [0.0])[1:], name="bench.collectives")
+    floor_collective = hvd.allgather_object(FLOORS.get("collective", []), name="bench.floor_collectives")
     if hvd.rank() == 0:
         profile = {part: statistics.median(v[1:]) * 1000 for part, v in PROFILE.items() if len(v) > 1}
         if args.profile:
             last = [min(epoch) for epoch in zip(*collective, strict=True)]
             profile["collective_last_rank_ms"] = statistics.median(last) * 1000
-        result = {"pairs": pairs, "profile_ms": profile, "epochs": args.epochs, "threads": args.threads}
+        floors = {}
+        if args.profile:
+            last = [min(epoch) for epoch in zip(*floor_collective, strict=True)]
+            floors = {"collective_last_rank_ms": statistics.median(last) * 1000}
+            floors.update({f"{k}_ms": statistics.median(v) * 1000 for k, v in FLOORS.items() if k != "collective"})
+            logs = {k: float(v[-1]) for k, v in history.history.items()}
+            logs.update({"epoch_time_s": 0.4, "samples_per_s": 20000.0, "learning_rate": 0.01})
+            floors["request_cpu_ms"] = request_cpu_floor_ms(logs)
+        result = {"pairs": pairs, "profile_ms": profile, "floors_ms": floors, "epochs": args.epochs,
+                  "threads": args.threads, "floor_requests": FLOOR_REQUESTS if floors else 0}  # fmt: skip
         (args.out / "result.json").write_text(json.dumps(result))
 
 

@@ -45,6 +45,9 @@ def realistic(r: dict) -> list[str]:
         if row["profile_ms"]:
             cells = [f"{row['profile_ms'].get(part + '_ms', float('nan')):.2f}" for part in PARTS]
             lines.append(f"| {row['latency_ms']} ms | " + " | ".join(cells) + " |")
+        if row.get("floors_ms"):
+            cells = [f"{row['floors_ms'][FLOORS[part]]:.2f}" if part in FLOORS else "" for part in PARTS]
+            lines.append(f"| its floor ({row['latency_ms']} ms) | " + " | ".join(cells) + " |")
     d = r.get("divergence")
     if d:
         lines += ["", "- Divergence check (weights fingerprint), per epoch: " + "; ".join(
@@ -53,6 +56,14 @@ def realistic(r: dict) -> list[str]:
     return [*lines, ""]
 
 
+# the floor each part is held against, measured in the same job (bench/paired_worker.py's Floors)
+FLOORS = {
+    "capture": "call_and_transfer_ms",
+    "collective_last_rank": "collective_last_rank_ms",
+    "compute": "call_and_transfer_ms",
+    "journal_append": "write_and_fsync_ms",
+    "sender_cpu": "request_cpu_ms",
+}
 PARTS = ("capture", "collective", "collective_last_rank", "compute", "journal_append", "epoch_end_total", "sender_cpu")
 
 

@@ -253,6 +253,7 @@ def realistic(
                        timeout=3600)  # fmt: skip
                 metric_requests = len(proxy.metric_requests())
             result = json.loads((out / "result.json").read_text())
+            metric_requests -= result.get("floor_requests", 0)  # the profile's own requests, not hvd-mlflow's
             added = [(p["with_s"] - p["without_s"]) * 1000 for p in result["pairs"]]
             ratios = [p["with_s"] / p["without_s"] for p in result["pairs"]]
             rows.append({
@@ -262,6 +263,7 @@ def realistic(
                 "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "metric_requests_per_epoch": metric_requests / (pairs * epochs), "profile_ms": result["profile_ms"],
+                "floors_ms": result.get("floors_ms", {}),
             })  # fmt: skip
     return rows
 
@@ -331,6 +333,9 @@ def report(results: dict) -> None:
         if r["profile_ms"]:
             print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
                                                                           r["profile_ms"].items()))  # fmt: skip
+        if r.get("floors_ms"):
+            print("           floors (same job, no-logging fits): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
+                                                                               r["floors_ms"].items()))  # fmt: skip
     for d in results.get("divergence", {}).values():
         print(
             f"  divergence check, {d['parameters'] / 1e6:.1f} M parameters: {d['median_ms']:.2f} ms per epoch "
