@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the benchmarks in both pinned environments and write bench/results/*.json, bench/README.md's tables and
-# docs/overhead.png.   scripts/bench.sh            full numbers (about 30 minutes on 2 cores)
+# docs/overhead.png.   scripts/bench.sh            full numbers (about 50 minutes on 2 cores)
 #                      scripts/bench.sh --quick    a few minutes (what CI runs)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
