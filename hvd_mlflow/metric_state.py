@@ -170,17 +170,21 @@ class _Computer:
         self._compiled: Any = None
         self._reader: Any = None
         self._eager = False
+        self._last_read: np.ndarray | None = None  # the state as last read: every call follows a read, no step between
 
     def read(self) -> np.ndarray:
         """This rank's state, flat, as float64."""
+        self._last_read = None
         if not self._eager:
             try:
                 if self._reader is None:
                     self._reader = _compiled_reader(self.variables)
-                return np.asarray(self._reader(), dtype=np.float64)
+                self._last_read = np.asarray(self._reader(), dtype=np.float64)
             except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
                 self._eager = True
-        return self._read_eagerly()
+        if self._last_read is None:
+            self._last_read = self._read_eagerly()
+        return self._last_read
 
     def samples(self, flat: np.ndarray) -> float:
         """How many samples ``flat`` covers (the loss tracker's count), 1 if unknown."""
@@ -192,7 +196,10 @@ class _Computer:
                 return self._run_compiled(summed)
             except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
                 self._eager = True
-        return self._run_eagerly(summed, self._read_eagerly())
+        # the compiled call may have failed after putting the summed state in: restore the state as last read (the
+        # state the variables held when the call began: a call always follows a read, with no step in between)
+        saved = self._last_read if self._last_read is not None else self._read_eagerly()
+        return self._run_eagerly(summed, saved)
 
     def _read_eagerly(self) -> np.ndarray:
         return np.concatenate([_numpy(v).astype(np.float64).ravel() for v in self.variables])

@@ -69,3 +69,23 @@ def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     assert not computer._eager and computer._reader is not None  # it did compile, the reading too
     assert state.values.tolist() == computer._read_eagerly().tolist()
     assert state.samples == metric_state.samples(model) == 8  # the loss tracker's count, read from the state
+
+
+class FailsOverALimit(RunningMax):
+    """A metric whose result() fails at run time for a large state (a check inside a user's result())."""
+
+    hvd_mlflow_additive = True
+
+    def result(self):
+        with tf.control_dependencies([tf.debugging.assert_less(self.value, 100.0, message="too large")]):
+            return tf.identity(self.value)
+
+
+def test_a_computation_that_fails_midway_leaves_the_own_state_in_place():
+    model = trained(["mae", FailsOverALimit(name="checked")])
+    own = metric_state.capture(model, prefix="")
+    summed = own.values + 1000.0  # the compiled call puts it in, then result() fails
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        own.compute(summed)  # fails compiled, then eagerly: raised alike on every rank (same model)
+    after = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
+    assert after.tolist() == own.values.tolist()  # the rank's own state, not the summed one
