@@ -1,16 +1,17 @@
 """The Keras callback: global epoch metrics on every rank, logged to MLflow by rank 0 alone.
 
 Which code runs where. Every hook runs on every rank. Inside a hook, ``if self._logging:`` marks what rank 0
-alone does (only rank 0 ever holds a :class:`~hvd_mlflow.run_logger.RunLogger`), and all of it runs inside
-``self._rank0.step(...)`` (:mod:`hvd_mlflow.rank_zero`), which never raises: a failure there is one warning, and
-logging degrades instead of the training.
+alone does (only rank 0 ever holds a :class:`~hvd_mlflow.run_logger.RunLogger`; at train begin, before it has one,
+and for the optimizer step it carries, ``rank == 0``), and all of it runs inside ``self._rank0.step(...)``
+(:mod:`hvd_mlflow.rank_zero`), which never raises: a failure there is one warning, and logging degrades instead of
+the training.
 
 The decisions that choose which collectives a rank calls, each the same on every rank by construction:
 
 * ``on_train_begin``: one ``allgather_object`` (:mod:`hvd_mlflow.fit_plan`) when Horovod runs more than one
   process (Horovod's size). It agrees on rank 0's run and first global step, and checks that every rank has the
-  same options that shape collectives (``reduction``, ``log_every_n_steps``, ``rank_spread``); if not, every rank
-  raises the same error.
+  same options that shape collectives (``reduction``, ``log_every_n_steps``, ``rank_spread``, ``system_metrics``,
+  ``check_divergence``, and the compiled ``steps_per_execution``); if not, every rank raises the same error.
 * ``on_train_batch_end``: whether this batch is reduced: ``log_every_n_steps`` (agreed) and the global step, which
   is the agreed first step plus the batches counted from Keras' batch indices (:mod:`hvd_mlflow.batch_steps`),
   never a rank's own optimizer: right when rank 0 alone restored a checkpoint, with ``steps_per_execution > 1``

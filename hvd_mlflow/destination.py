@@ -16,6 +16,7 @@ from .redact import mask_uri
 RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # MLflow's start_run() deletes it when it attaches to the run
 TRACKING_URI_VARIABLE = "MLFLOW_TRACKING_URI"
 AZUREML_RUN_VARIABLE = "AZUREML_RUN_ID"  # set in every AzureML job: the job's run
+EXPERIMENT_ID_VARIABLE, EXPERIMENT_NAME_VARIABLE = "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +47,7 @@ def tracking_uri_from_environment(environ: Mapping[str, str] | None = None) -> s
 def experiment_from_environment(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
     """The experiment the environment names: (``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME``)."""
     environ = os.environ if environ is None else environ
-    return environ.get("MLFLOW_EXPERIMENT_ID") or None, environ.get("MLFLOW_EXPERIMENT_NAME") or None
+    return environ.get(EXPERIMENT_ID_VARIABLE) or None, environ.get(EXPERIMENT_NAME_VARIABLE) or None
 
 
 def is_azureml(tracking_uri: str) -> bool:

@@ -1,4 +1,5 @@
-"""The errors hvd-mlflow raises to users; each is raised on every rank at the same point, never by one rank alone."""
+"""The errors hvd-mlflow raises to users. During training each is raised on every rank at the same point, never by one
+rank alone; a missing dependency is raised before training starts."""
 
 from __future__ import annotations
 

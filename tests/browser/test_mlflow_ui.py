@@ -109,13 +109,13 @@ def test_a_diverged_run_shows_its_tag_and_spread_curve(tmp_path, mlflow_server, 
                                    timeout=90_000)  # fmt: skip
             overview = page.evaluate("() => document.body.innerText")
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-overview.png"))
+            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-tag.png"))
             page.goto(f"{base}/model-metrics")
             drawn = f"() => ({READ_CHARTS})().some(c => c.title === 'weights_rank_spread' && c.markers > 0)"
             page.wait_for_function(drawn, timeout=90_000)
             page.wait_for_timeout(1000)
             charts = {c["title"]: c for c in page.evaluate(READ_CHARTS)}
-            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-metrics.png"))
+            page.screenshot(path=str(ARTIFACTS / "mlflow-ui-diverged-spread.png"))
         finally:
             browser.close()
 
