@@ -229,8 +229,11 @@ def test_learning_rate_follows_the_schedule_and_throughput_is_measured(tmp_path,
     offset = 0 if done.rank(0)["flavour"] == "keras" and not tf_keras_2(done) else 1
     want_lr = [0.1 * 0.9 ** (steps_per_epoch * (e + 1) - offset) for e in range(EPOCHS)]
     assert [m.value for m in history["learning_rate"]] == pytest.approx(want_lr, rel=1e-5)
-    # global samples per second: both ranks' samples over the epoch's wall time measured by the worker
+    # global samples per second: both ranks' samples over the epoch's wall time. The worker's spy times the epoch
+    # from before the first callback's epoch begin to after the last one's epoch end: an interval that encloses
+    # hvd-mlflow's, so the rate it gives is a lower bound (a fixed tolerance flaked when another callback was slow)
     measured = done.rank(0)["epoch_seconds"]
     for m in history["samples_per_s"]:
-        assert m.value == pytest.approx(2 * samples / measured[m.step], rel=0.2), (m.step, m.value, measured[m.step])
+        at_least = 2 * samples / measured[m.step]
+        assert at_least * (1 - 1e-6) <= m.value <= 3 * at_least, (m.step, m.value, measured[m.step])
     assert [m.step for m in history["epoch_time_s"]] == list(range(EPOCHS))
