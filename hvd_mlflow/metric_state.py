@@ -118,10 +118,13 @@ def _numpy(variable: Any) -> np.ndarray:
 
 def samples(model: Any) -> float:
     """How many samples the model's metrics cover now (the loss tracker's count), 1 if unknown."""
-    for metric in leaf_metrics(model):
-        if metric.name == "loss" and hasattr(metric, "count"):
-            return float(_numpy(metric.count))
-    return 1.0
+    count = _loss_count(model)
+    return float(_numpy(count)) if count is not None else 1.0
+
+
+def _loss_count(model: Any) -> Any:
+    """The loss tracker's sample count variable (Keras' ``Mean`` named ``loss``), or ``None``."""
+    return next((m.count for m in leaf_metrics(model) if m.name == "loss" and hasattr(m, "count")), None)
 
 
 def capture(model: Any, prefix: str) -> MetricState | None:
@@ -255,7 +258,7 @@ def _dtype_name(variable: Any) -> str:
 
 def _loss_count_offset(model: Any, variables: list[Any]) -> int | None:
     """Where the loss tracker's count sits in the flat state."""
-    count = next((m.count for m in leaf_metrics(model) if m.name == "loss" and hasattr(m, "count")), None)
+    count = _loss_count(model)
     offset = 0
     for variable in variables:
         if variable is count:
