@@ -153,16 +153,29 @@ def request_cpu_floor_ms(logs: dict[str, float], repeats: int = FLOOR_REQUESTS) 
     return statistics.median(seconds) * 1000
 
 
-def model_and_data(rank: int, samples: int):
+MODELS = {  # name: (samples per rank, batch size, validation samples)
+    "realistic": (4096, 128, 512),  # dense 128-512-512-1, accuracy and AUC: ~0.4 s epochs of 32 steps
+    "small": (64, 32, 32),  # overhead_worker.py's dense 16-16-1, accuracy: ~35 ms epochs of 2 steps, the worst case
+}
+
+
+def model_and_data(name: str, rank: int):
+    samples = MODELS[name][0]
     rng = np.random.default_rng(rank)
-    x = rng.normal(size=(samples, 128)).astype("float32")
-    y = (x[:, :16].sum(axis=1) + rng.normal(size=samples) > 0).astype("float32")
     keras.utils.set_random_seed(1)
     dense = keras.layers.Dense
-    model = keras.Sequential([keras.Input(shape=(128,)), dense(512, activation="relu"), dense(512, activation="relu"),
-                              dense(1, "sigmoid")])  # fmt: skip
-    model.compile(optimizer=averaging(keras.optimizers.SGD(0.01)), loss="binary_crossentropy",
-                  metrics=["accuracy", keras.metrics.AUC(name="auc")])  # fmt: skip
+    if name == "small":
+        x = rng.normal(size=(samples, 16)).astype("float32")
+        y = (x.sum(axis=1) > 0).astype("float32")
+        model = keras.Sequential([keras.Input(shape=(16,)), dense(16, "relu"), dense(1, "sigmoid")])
+        metrics: list = ["accuracy"]
+    else:
+        x = rng.normal(size=(samples, 128)).astype("float32")
+        y = (x[:, :16].sum(axis=1) + rng.normal(size=samples) > 0).astype("float32")
+        model = keras.Sequential([keras.Input(shape=(128,)), dense(512, activation="relu"),
+                                  dense(512, activation="relu"), dense(1, "sigmoid")])  # fmt: skip
+        metrics = ["accuracy", keras.metrics.AUC(name="auc")]
+    model.compile(optimizer=averaging(keras.optimizers.SGD(0.01)), loss="binary_crossentropy", metrics=metrics)
     return model, x, y
 
 
@@ -197,7 +210,7 @@ def main() -> None:
     parser.add_argument("--variant", choices=["hvd", "hvd-mean", "hvd-system", "seed", "mlflow"], required=True)
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--model", choices=sorted(MODELS), default="realistic")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow threads per rank (0: TensorFlow's default)")
     parser.add_argument("--out", type=Path, required=True)
@@ -206,9 +219,10 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     hvd.init()
-    model, x, y = model_and_data(hvd.rank(), args.samples)
-    xv, yv = x[:512], y[:512]
-    model.fit(x, y, batch_size=128, epochs=1, validation_data=(xv, yv), verbose=0)  # warm-up: tracing not measured
+    model, x, y = model_and_data(args.model, hvd.rank())
+    _, batch, validation = MODELS[args.model]
+    xv, yv = x[:validation], y[:validation]
+    model.fit(x, y, batch_size=batch, epochs=1, validation_data=(xv, yv), verbose=0)  # warm-up: tracing not measured
     if args.profile:
         instrument()
     pairs = []
@@ -219,13 +233,13 @@ def main() -> None:
             callbacks = switch(args.variant, on, args.out)
             clock = EpochClock(profiled=on and args.profile)
             hvd.allreduce(np.zeros(1), name=f"bench.pair.{pair}.{on}")  # both ranks start together
-            model.fit(x, y, batch_size=128, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
+            model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
                       callbacks=[*callbacks, clock])  # fmt: skip
             medians[on] = statistics.median(clock.seconds)
         switch(args.variant, False, args.out)
         pairs.append({"without_s": medians[False], "with_s": medians[True]})
     if args.profile:  # the floors, in a no-logging fit of their own: the pairs' timed fits do not carry them
-        history = model.fit(x, y, batch_size=128, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
+        history = model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
                             callbacks=[Floors(args.out)])  # fmt: skip
     # the collective waits for the last rank to arrive: its own cost is what the last one spends in it
     collective = hvd.allgather_object(PROFILE.get("collective_ms", [0.0])[1:], name="bench.collectives")

@@ -235,8 +235,9 @@ def realistic(
     work: Path,
     variants: list[str] | None,
     threads: int,
+    model: str = "realistic",
 ) -> list[dict]:
-    """The per-epoch cost on a realistic model (bench/paired_worker.py), by pairs inside one job per variant."""
+    """The per-epoch cost on ``model`` (bench/paired_worker.py), by pairs inside one job per variant."""
     variants = variants or ["hvd", "hvd-mean", "hvd-system", "mlflow", *(["seed"] if seed_recipe_available() else [])]
     rows = []
     for latency in latencies:
@@ -245,8 +246,8 @@ def realistic(
             client = MlflowClient(server.url)
             experiment = client.create_experiment(f"bench-paired-{uuid.uuid4().hex[:8]}")
             fault = (lambda r, d=latency: Delay(d)) if latency else None
-            args = ["--variant", variant, "--pairs", str(pairs), "--epochs", str(epochs), "--threads", str(threads),
-                    "--out", str(out)]  # fmt: skip
+            args = ["--variant", variant, "--model", model, "--pairs", str(pairs), "--epochs", str(epochs),
+                    "--threads", str(threads), "--out", str(out)]  # fmt: skip
             with Proxy(server.url, fault=fault) as proxy:
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
                 launch("paired_worker.py", [*args, *(["--profile"] if variant == "hvd" else [])], env, out,
@@ -257,7 +258,8 @@ def realistic(
             added = [(p["with_s"] - p["without_s"]) * 1000 for p in result["pairs"]]
             ratios = [p["with_s"] / p["without_s"] for p in result["pairs"]]
             rows.append({
-                "latency_ms": int(latency * 1000), "variant": variant, "pairs": pairs, "epochs_per_fit": epochs,
+                "model": model, "latency_ms": int(latency * 1000), "variant": variant, "pairs": pairs,
+                "epochs_per_fit": epochs,
                 "threads_per_rank": threads,
                 "epoch_s_without": statistics.median(p["without_s"] for p in result["pairs"]),
                 "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
@@ -279,7 +281,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--only", choices=["realistic", "overhead"], help="run only this section")
+    parser.add_argument("--only", choices=["realistic", "small", "overhead"], help="run only this section")
     parser.add_argument("--variants", nargs="+", help="realistic section: only these variants (e.g. hvd seed)")
     parser.add_argument("--pairs", type=int, help="realistic section: pairs per variant (default 1 quick, 8 full)")
     parser.add_argument("--threads", type=int, default=1, help="realistic section: TensorFlow threads per rank")
@@ -290,6 +292,14 @@ def main() -> None:
         work = Path(tmp)
         server = MlflowServer(work / "server").start()
         try:
+            if args.only in (None, "small"):  # the worst case for per-epoch costs, by pairs, with its profile
+                seed = ["seed"] if seed_recipe_available() else []
+                variants = args.variants or (["hvd"] if quick else ["hvd", *seed])
+                latencies = [0.0] if quick else [0.0, 0.1, 0.3]
+                results["small"] = realistic(server, latencies, args.pairs or (1 if quick else 8), 10 if quick else 30,
+                                             work, variants, args.threads, model="small")  # fmt: skip
+            if args.only == "small":
+                raise _Done
             if args.only != "overhead":
                 pairs = args.pairs or (1 if quick else 8)
                 results["realistic"] = realistic(server, [0.0] if quick else [0.0, 0.3], pairs, 3 if quick else 5,

@@ -91,6 +91,7 @@ class Uploader:
         self._held: set[tuple[int, str]] = set()  # (journal entry, key) whose value is held for the CSV
         self._artifacts: set[tuple[str, int]] = set()  # (kind, first entry) of the artifacts already journaled
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
+        self.more_waiting = False  # the last upload_some left entries behind that were already pending
         self._created_here = False
         self._existing: RunContents | None = None  # what the run holds: read when attached, then kept up
         self._budget: MetricBudget | None = None
@@ -164,6 +165,7 @@ class Uploader:
     # -- entries ---------------------------------------------------------------------------------------
     def upload_some(self) -> int:
         """Send what is pending (up to a read-ahead window); return how many entries were settled.
+        ``more_waiting`` then tells whether entries pending before this call were left for the next one.
 
         Raises what the client raised on a transient failure; nothing is lost, the entries stay pending.
         """
@@ -172,6 +174,7 @@ class Uploader:
         if self._existing is None:
             self._existing = self._read_existing(run_id)
         entries = self.journal.pending(_READ_AHEAD, kinds=SENT_KINDS)
+        self.more_waiting = len(entries) >= _READ_AHEAD  # the window was full: the backlog goes on
         budget = self._metric_budget(entries)
         for kind, group in _groups(entries, self._isolate, self.limits.params_tags_per_request):
             if self._should_stop():
@@ -193,6 +196,7 @@ class Uploader:
                     continue
                 if len(group) > 1:  # find the entry the server refuses: one per request from now on
                     self._isolate = True
+                    self.more_waiting = True
                     return settled
                 self.journal.acknowledge([group[0].seq], state=REJECTED)
                 settled += 1

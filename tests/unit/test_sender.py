@@ -21,11 +21,13 @@ class FakeClient:
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
         self.calls: list[str] = []
+        self.points = 0
         self.blocked = threading.Event()
         self.release = threading.Event()
 
     def log_batch(self, run_id, metrics=(), params=(), tags=(), **kwargs):
         self.calls.append("log_batch")
+        self.points += len(metrics)
         if self.blocked.is_set():
             self.release.wait(30)
         time.sleep(self.delay)
@@ -108,3 +110,24 @@ def test_a_sender_that_never_started_releases_its_journal(tmp_path, fake):
     assert sender.close("FINISHED", deadline=time.monotonic() + 0.1) is False
     again = FileJournal.open(path)
     assert again.take_over() and again.count() == 1 and again.meta().final_status == "FINISHED"
+
+
+def test_short_epochs_are_packed_one_request_per_send_interval(tmp_path, fake):
+    """Epochs ending every 20 ms against a server answering in 50 ms: the sender sends at most one request per
+    MIN_SEND_INTERVAL_S (what arrives during a request waits for the next one), not one per epoch."""
+    fake.delay = 0.05
+    sender = make_sender(tmp_path)
+    sender.start()
+    start = time.monotonic()
+    step = 0
+    while time.monotonic() - start < 2.0:
+        sender.journal.append("metrics", {"loss": 1.0 / (step + 1)}, step=step, timestamp_ms=step + 1)
+        sender.notify()
+        step += 1
+        time.sleep(0.02)
+    elapsed = time.monotonic() - start
+    during = len(fake.calls)
+    assert sender.close("FINISHED", deadline=time.monotonic() + 10) is True
+    assert fake.points == step  # every epoch delivered, once
+    allowed = int(elapsed / sender_module.MIN_SEND_INTERVAL_S) + 1
+    assert during <= allowed, f"{during} requests for {step} epochs in {elapsed:.2f} s (at most {allowed})"
