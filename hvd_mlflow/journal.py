@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -38,7 +39,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -247,8 +248,20 @@ class FileJournal:
             self._lock_fd = None
 
     # -- meta ------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One transaction (one fsync) for several statements: the connection is in autocommit mode
+        (``isolation_level=None``), where each statement would otherwise commit, and sync, on its own."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
     def _write_meta(self, meta: JournalMeta) -> None:
-        with self._db:
+        with self._transaction():
             self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.to_rows().items())
 
     def meta(self) -> JournalMeta:
@@ -264,11 +277,10 @@ class FileJournal:
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int:
         """Commit one entry durably and return its sequence number."""
-        with self._db:
-            cursor = self._db.execute(
-                "INSERT INTO entries (kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?)",
-                (kind, step, timestamp_ms, json.dumps(dict(payload), allow_nan=True)),
-            )
+        cursor = self._db.execute(  # one statement: its own transaction (autocommit), synced before it returns
+            "INSERT INTO entries (kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?)",
+            (kind, step, timestamp_ms, json.dumps(dict(payload), allow_nan=True)),
+        )
         return int(cursor.lastrowid)
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
@@ -291,7 +303,7 @@ class FileJournal:
         return int(self._db.execute("SELECT COUNT(*) FROM entries WHERE state = ?", (state,)).fetchone()[0])
 
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
-        with self._db:
+        with self._transaction():
             self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", [(state, s) for s in seqs])
 
     def close(self) -> None:

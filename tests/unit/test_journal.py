@@ -168,3 +168,31 @@ def test_a_journal_without_lock_file_is_judged_by_pid_on_this_host(tmp_path):
     dead = FileJournal.open(journal.path)
     dead.update_meta(pid=2**22 + 12345)  # no such process
     assert dead.take_over() is True
+
+
+def test_acknowledging_many_entries_or_writing_the_meta_is_one_transaction(tmp_path):
+    """The connection commits each statement on its own (autocommit): a batch of acknowledgements, or the meta's
+    rows, must be one transaction (one fsync), not one per row, which held the journal from the training thread's
+    appends for a few ms per request."""
+    journal = FileJournal.create(tmp_path, meta())
+    seqs = [journal.append("metrics", {"loss": 1.0}, step=s, timestamp_ms=s) for s in range(20)]
+    statements: list[str] = []
+    journal._db.set_trace_callback(statements.append)
+    journal.acknowledge(seqs)
+    journal.update_meta(run_id="r-1")
+    journal._db.set_trace_callback(None)
+    updates = [s for s in statements if s.startswith("UPDATE entries")]
+    meta_rows = [s for s in statements if s.startswith("INSERT OR REPLACE INTO meta")]
+    assert len(updates) == 20 and len(meta_rows) == len(meta().to_rows())
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"] * 2
+    assert journal.count(DELIVERED) == 20 and journal.meta().run_id == "r-1"
+
+
+def test_a_failed_acknowledgement_leaves_nothing_half_done(tmp_path):
+    journal = FileJournal.create(tmp_path, meta())
+    seqs = [journal.append("metrics", {"loss": 1.0}, step=s, timestamp_ms=s) for s in range(3)]
+    with pytest.raises(sqlite3.Error):
+        journal.acknowledge([seqs[0], object()])  # the second row cannot be bound
+    assert journal.count() == 3 and not journal._db.in_transaction
+    journal.acknowledge(seqs)
+    assert journal.count() == 0
