@@ -33,7 +33,7 @@ from ._log import warn_once
 from .collectives import Collectives
 from .config import REDUCTIONS
 from .errors import MetricKeyMismatchError
-from .metric_state import MetricState
+from .metric_state import MetricState, compute_all
 
 _SIGNATURE_BITS = 20
 
@@ -197,11 +197,12 @@ class Reducer:
         }
         if self.mode == "exact":
             exact: set[str] = set()
-            offset = 3 * n
+            offset, summed = 3 * n, []
             for state in states:
-                summed = total[offset : offset + state.values.size]
+                summed.append(total[offset : offset + state.values.size])
                 offset += state.values.size
-                computed = {k: v for k, v in state.compute(summed).items() if k in out and k not in not_additive}
+            for results in compute_all(states, summed):
+                computed = {k: v for k, v in results.items() if k in out and k not in not_additive}
                 out.update(computed)
                 exact.update(computed)
             self.inexact = set(out) - exact

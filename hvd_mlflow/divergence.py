@@ -31,8 +31,8 @@ _FUNCTIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def fingerprint(model: Any) -> tuple[float, float]:
-    """The sum of absolute values and the sum of squares of the trainable weights (one compiled call, one
-    transfer)."""
+    """The sum of absolute values and the sum of squares of the trainable weights (one call of a function traced
+    once, one transfer)."""
     import tensorflow as tf
 
     variables = list(getattr(model, "trainable_variables", []) or [])
@@ -46,7 +46,7 @@ def fingerprint(model: Any) -> tuple[float, float]:
             squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
             return tf.stack([tf.add_n(sums), tf.add_n(squares)])
 
-        function = ([id(v) for v in variables], tf.function(compute, autograph=False))
+        function = ([id(v) for v in variables], tf.function(compute, autograph=False).get_concrete_function())
         _FUNCTIONS[model] = function
     total, squares = np.asarray(function[1](), dtype=np.float64)
     return float(total), float(squares)

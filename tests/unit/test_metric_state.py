@@ -55,17 +55,37 @@ def test_compute_from_a_summed_state_is_the_metric_of_both_shards():
     assert "val_mae" in state.compute(state.values)
 
 
+def test_an_epochs_training_and_validation_states_are_computed_together_each_with_its_prefix():
+    model = trained(["mae"])
+    train = metric_state.capture(model, prefix="")
+    val = metric_state.capture(model, prefix="val_")
+    assert train.source is val.source is not None
+    summed = [train.values * 2, val.values + np.eye(1, val.values.size, 0)[0]]  # val: one more to the total
+    together = metric_state.compute_all([train, val], summed)
+    assert together == [train.compute(summed[0]), val.compute(summed[1])]  # the same as one by one
+    assert together[0].keys() == {"loss", "mae"} and together[1].keys() == {"val_loss", "val_mae"}
+    assert together[0]["loss"] != together[1]["val_loss"]
+
+
 def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     model = trained(["mae", keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision")])
     state = metric_state.capture(model, prefix="")
     summed = state.values * 3 + 1  # any other state
+    other = state.values * 2  # and a second one (an epoch's training and validation: one call for both)
     computer = metric_state._computer(model, metric_state._variables(model))
-    compiled = computer._run_compiled(summed)
-    eager = computer._run_eagerly(summed, state.values)
-    assert compiled.keys() == eager.keys() == {"loss", "mae", "auc", "precision"}
-    for key in compiled:
-        assert compiled[key] == pytest.approx(eager[key], rel=1e-6), key
-    assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
+    for states in ([summed], [summed, other]):
+        compiled = computer._run_compiled(states)
+        assert len(compiled) == len(states)
+        for values, results in zip(states, compiled, strict=True):
+            eager = computer._run_eagerly(values, state.values)
+            assert results.keys() == eager.keys() == {"loss", "mae", "auc", "precision"}
+            for key in results:
+                assert results[key] == pytest.approx(eager[key], rel=1e-6), key
+        assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
+    assert compiled[0] != compiled[1]  # each state's own results, not the last one's twice
+    assert sorted(computer._compiled) == [1, 2]  # traced once per number of states
+    computer._run_compiled([other, summed])
+    assert sorted(computer._compiled) == [1, 2]  # and not again
     assert not computer._eager and computer._reader is not None  # it did compile, the reading too
     assert state.values.tolist() == computer._read_eagerly().tolist()
     assert state.samples == metric_state.samples(model) == 8  # the loss tracker's count, read from the state
