@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
+from hvd_mlflow import _log, keras_flavour
+from hvd_mlflow.config import Options
 from hvd_mlflow.errors import HvdMlflowError, OptionsMismatchError
-from hvd_mlflow.fit_plan import Proposal, agree
+from hvd_mlflow.fit_plan import Plan, Proposal, agree, batch_clock, collective_shape
 
 
 class Gathered:
@@ -47,3 +51,49 @@ def test_different_options_raise_the_same_error_on_every_rank():
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
     assert "rank 1: reduction='exact', log_every_n_steps=0" in messages[0]
+
+
+def compiled(steps_per_execution):
+    """A Keras model of the flavour under test, compiled with ``steps_per_execution`` (no fit needed)."""
+    import tensorflow as tf
+
+    keras = tf.keras
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def test_the_collective_shape_is_the_options_and_the_compiled_steps_per_execution():
+    """What the ranks compare at train begin: a rank compiled with another steps_per_execution runs its batch
+    hooks (and so its batch collectives) at other batches, so it must show in the agreed shape."""
+    options = Options(log_every_n_steps=4, rank_spread=("loss",))
+    three = collective_shape(options, compiled(3))
+    assert three == (*options.collective(), ("steps_per_execution", 3))
+    assert dict(three)["log_every_n_steps"] == 4 and dict(three)["rank_spread"] == ("loss",)
+    assert collective_shape(options, compiled(1)) != three
+    assert collective_shape(Options(log_every_n_steps=2), compiled(3)) != three
+
+
+def test_the_batch_clock_starts_at_the_agreed_step_and_interval():
+    plan = Plan("run-1", True, first_step=110, log_every_n_steps=4)
+    clock = batch_clock(plan, compiled(2), warn=True)
+    assert (clock.every, clock._anchor, clock._per_execution) == (4, 110, 2)
+
+
+def test_a_self_tuned_steps_per_execution_turns_batch_logging_off_on_every_rank(caplog, monkeypatch):
+    """steps_per_execution="auto" (tf_keras / Keras 2) lets each rank tune it on its own clock: batch logging is
+    off for the fit on every rank alike (the model's compile arguments), and rank 0 says so once."""
+    caplog.set_level(logging.WARNING, "hvd_mlflow")
+    monkeypatch.setattr(_log, "_said", set())  # whatever this process said before
+    try:
+        model = compiled("auto")
+    except (TypeError, ValueError):
+        pytest.skip("this Keras has no self-tuned steps_per_execution")
+    if not keras_flavour.steps_per_execution_is_tuned(model):
+        pytest.skip("this Keras has no self-tuned steps_per_execution")
+    plan = Plan("run-1", True, first_step=0, log_every_n_steps=4)
+    assert dict(collective_shape(Options(log_every_n_steps=4), model))["steps_per_execution"] == "auto"
+    quiet = batch_clock(plan, model, warn=False)  # another rank
+    said = batch_clock(plan, model, warn=True)  # rank 0
+    assert quiet.every == said.every == 0
+    assert sum("log_every_n_steps is off" in r.getMessage() for r in caplog.records) == 1
