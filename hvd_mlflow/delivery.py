@@ -208,8 +208,7 @@ class Uploader:
                     redact(str(error))[:500],
                     self.journal.location,
                 )
-        if not entries:
-            self._isolate = False
+        self._isolate = False  # the whole window went through (one by one, if it had to): the refused one is known
         return settled
 
     def _read_existing(self, run_id: str) -> RunContents:

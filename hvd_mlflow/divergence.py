@@ -46,7 +46,8 @@ def fingerprint(model: Any) -> tuple[float, float]:
             squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
             return tf.stack([tf.add_n(sums), tf.add_n(squares)])
 
-        function = ([id(v) for v in variables], tf.function(compute, autograph=False).get_concrete_function())
+        concrete = tf.function(compute, autograph=False).get_concrete_function()
+        function = ([id(v) for v in variables], concrete, variables)  # holding the variables keeps their ids theirs
         _FUNCTIONS[model] = function
     total, squares = np.asarray(function[1](), dtype=np.float64)
     return float(total), float(squares)

@@ -255,10 +255,12 @@ class FileJournal:
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
+            self._db.execute("COMMIT")
         except BaseException:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
+                with contextlib.suppress(sqlite3.Error):  # the first error is the one to tell
+                    self._db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
 
     def _write_meta(self, meta: JournalMeta) -> None:
         with self._transaction():
@@ -303,8 +305,11 @@ class FileJournal:
         return int(self._db.execute("SELECT COUNT(*) FROM entries WHERE state = ?", (state,)).fetchone()[0])
 
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
+        rows = [(state, s) for s in seqs]
+        if not rows:
+            return
         with self._transaction():
-            self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", [(state, s) for s in seqs])
+            self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", rows)
 
     def close(self) -> None:
         self._db.close()

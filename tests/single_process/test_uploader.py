@@ -200,3 +200,38 @@ def test_a_training_that_ends_before_its_first_epoch_end_still_delivers_its_batc
     assert uploader.finish()
     assert [m.step for m in client.get_metric_history(uploader.run_id, "batch/loss")] == [0, 1, 2, 3, 4]
     assert client.get_run(uploader.run_id).info.status == "FAILED"
+
+
+class _RefusingStep(_Counting):
+    """The real client, but every request holding a value of ``step`` is refused as a whole with a 403 (a refusal
+    that says nothing about metric names: never split by key); counts the metric requests."""
+
+    def __init__(self, client, sent, step):
+        super().__init__(client, sent)
+        self.step, self.requests = step, 0
+
+    def log_batch(self, run_id, metrics=(), **kwargs):
+        from mlflow.exceptions import MlflowException, get_error_code
+
+        if metrics:
+            self.requests += 1
+            if any(m.step == self.step for m in metrics):
+                raise MlflowException("forbidden", error_code=get_error_code(403))
+        return super().log_batch(run_id, metrics=metrics, **kwargs)
+
+
+def test_after_the_refused_entry_is_found_entries_are_packed_again(tmp_path, mlflow_server, client):
+    """A request refused as a whole makes the uploader send one entry per request until it finds the refused one;
+    then it packs again. (It left that mode only when a call found nothing pending, which the sender no longer
+    makes while training: every request after one refusal carried one epoch.)"""
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a"], steps=3)
+    refusing = _RefusingStep(client, [], step=1)
+    uploader = Uploader(journal, refusing, MLFLOW)
+    uploader.upload_some()  # steps 0-2 in one request: refused, one by one from now on
+    uploader.upload_some()  # 0, 1 (rejected), 2: three requests
+    assert refusing.requests == 4 and not journal.pending(1, kinds=("metrics",))
+    for step in range(3, 8):  # later epochs, while the training goes on
+        journal.append("metrics", {"a": float(step)}, step=step, timestamp_ms=1000 + step)
+    uploader.upload_some()
+    assert refusing.requests == 5  # the five in one request
+    assert [m.step for m in client.get_metric_history(uploader.run_id, "a")] == [0, 2, 3, 4, 5, 6, 7]

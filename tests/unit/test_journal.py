@@ -196,3 +196,39 @@ def test_a_failed_acknowledgement_leaves_nothing_half_done(tmp_path):
     assert journal.count() == 3 and not journal._db.in_transaction
     journal.acknowledge(seqs)
     assert journal.count() == 0
+
+
+class _Failing:
+    """A journal connection that fails inside a transaction: at COMMIT with the transaction still open (a busy
+    database), or in a statement after SQLite rolled the transaction back itself (a full disk)."""
+
+    def __init__(self, db: sqlite3.Connection, where: str) -> None:
+        self._db, self._where = db, where
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT" and self._where == "commit":
+            raise sqlite3.OperationalError("database is locked")
+        return self._db.execute(sql, *args)
+
+    def executemany(self, sql, rows):
+        if self._where == "statement":
+            self._db.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL
+            raise sqlite3.OperationalError("database or disk is full")
+        return self._db.executemany(sql, rows)
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+@pytest.mark.parametrize(("where", "error"), [("commit", "locked"), ("statement", "disk is full")])
+def test_a_failed_transaction_raises_its_own_error_and_leaves_none_open(tmp_path, where, error):
+    journal = FileJournal.create(tmp_path, meta())
+    seqs = [journal.append("metrics", {"loss": 1.0}, step=s, timestamp_ms=s) for s in range(3)]
+    real, journal._db = journal._db, _Failing(journal._db, where)
+    with pytest.raises(sqlite3.OperationalError, match=error):  # not "cannot rollback - no transaction is active"
+        journal.acknowledge(seqs)
+    journal._db = real
+    assert not real.in_transaction and journal.count() == 3
+    journal.append("metrics", {"loss": 0.5}, step=3, timestamp_ms=3)  # its own transaction, not a stale one
+    journal.acknowledge([])  # nothing to do: no transaction
+    assert journal.count() == 4 and not real.in_transaction
