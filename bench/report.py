@@ -19,27 +19,43 @@ NAMES = {
 COLOURS = {"seed": "tab:blue", "mlflow": "tab:orange", "hvd": "tab:green"}
 
 
-def realistic(r: dict) -> list[str]:
-    """The realistic model's table: each variant against no logging, by pairs of fits inside one job."""
-    rows = r.get("realistic") or []
+MODELS = {  # bench/paired_worker.py's models
+    "realistic": "Realistic model (dense 128-512-512-1 on 4,096 samples per rank, `accuracy` + `AUC`, validation on "
+    "512)",
+    "small": "Small model (dense 16-16-1 on 64 samples per rank, `accuracy`, 2 steps and validation on 32: the worst "
+    "case for per-epoch costs)",
+}
+
+
+def paired(r: dict, section: str) -> list[str]:
+    """A paired section's table (``realistic`` or ``small``): each variant against no logging, by pairs of fits
+    inside one job, and hvd-mlflow's parts against their floors."""
+    rows = r.get(section) or []
     if not rows:
         return []
     lines = [
-        "Realistic model (dense 128-512-512-1 on 4,096 samples per rank, `accuracy` + `AUC`, validation on 512), "
+        f"{MODELS[rows[0].get('model', 'realistic')]}, "
         f"{rows[0]['pairs']} pairs of {rows[0]['epochs_per_fit']}-epoch fits per line, "
         f"{rows[0].get('threads_per_rank', 0) or 'default'} TensorFlow thread(s) per rank:",
         "",
         "| latency | logging | epoch without | added per epoch (median pair) | ratio (median pair, min-max) "
-        "| metric requests / epoch |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| metric requests / epoch | MLflow server CPU / epoch |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
+        server = row.get("server_cpu_ms_per_epoch")
         lines.append(
             f"| {row['latency_ms']} ms | {NAMES[row['variant']]} | {row['epoch_s_without'] * 1000:.0f} ms "
             f"| {row['added_ms_median']:+.1f} ms | {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-"
-            f"{row['ratio_max']:.3f}) | {row['metric_requests_per_epoch']:.2f} |"
+            f"{row['ratio_max']:.3f}) | {row['metric_requests_per_epoch']:.2f} "
+            f"| {'' if server is None else f'{server:.1f} ms'} |"
         )
-    lines += ["", "hvd-mlflow's parts on the training thread, median ms per epoch (`--profile`):", ""]
+    lines += [
+        "",
+        "hvd-mlflow's parts on the training thread, median ms per epoch (`--profile`; the sender's CPU: mean per "
+        "epoch):",
+        "",
+    ]
     lines += ["| latency | " + " | ".join(PARTS) + " |", "| --- |" + " --- |" * len(PARTS)]
     for row in rows:
         if row["profile_ms"]:
@@ -48,7 +64,7 @@ def realistic(r: dict) -> list[str]:
         if row.get("floors_ms"):
             cells = [f"{row['floors_ms'][FLOORS[part]]:.2f}" if part in FLOORS else "" for part in PARTS]
             lines.append(f"| its floor ({row['latency_ms']} ms) | " + " | ".join(cells) + " |")
-    d = r.get("divergence")
+    d = r.get("divergence") if section == "realistic" else None
     if d:
         lines += ["", "- Divergence check (weights fingerprint), per epoch: " + "; ".join(
             f"{size['parameters'] / 1e6:.1f} M parameters {size['median_ms']:.2f} ms (max {size['max_ms']:.2f})"
@@ -74,7 +90,8 @@ def tables(results: dict[str, dict]) -> str:
         lines += [
             f"### {name}: TensorFlow {env['tensorflow']}, {env['keras']}, Python {env['python']}, {env['cpus']} CPUs",
             "",
-            *realistic(r),
+            *paired(r, "realistic"),
+            *paired(r, "small"),
         ]
         if "overhead" not in r:
             continue

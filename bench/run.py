@@ -250,8 +250,10 @@ def realistic(
                     "--threads", str(threads), "--out", str(out)]  # fmt: skip
             with Proxy(server.url, fault=fault) as proxy:
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
+                server_cpu = server_cpu_s(server)
                 launch("paired_worker.py", [*args, *(["--profile"] if variant == "hvd" else [])], env, out,
                        timeout=3600)  # fmt: skip
+                server_cpu = server_cpu_s(server) - server_cpu
                 metric_requests = len(proxy.metric_requests())
             result = json.loads((out / "result.json").read_text())
             metric_requests -= result.get("floor_requests", 0)  # the profile's own requests, not hvd-mlflow's
@@ -265,9 +267,42 @@ def realistic(
                 "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "metric_requests_per_epoch": metric_requests / (pairs * epochs), "profile_ms": result["profile_ms"],
+                "server_cpu_ms_per_epoch": server_cpu * 1000 / (pairs * epochs),
                 "floors_ms": result.get("floors_ms", {}),
             })  # fmt: skip
     return rows
+
+
+def server_cpu_s(server: MlflowServer) -> float:
+    """The CPU time the MLflow server's processes have used so far: on this machine it shares the 2 cores with the
+    training ranks (a real tracking server, AzureML's, runs elsewhere)."""
+    import psutil
+
+    if server.process is None:
+        return 0.0
+    root = psutil.Process(server.process.pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def settled(server: MlflowServer, timeout: float = 60.0) -> MlflowServer:
+    """Wait until the freshly started server is idle (its workers finish starting after it first answers), so that
+    the first job's server CPU is the requests', not the start's."""
+    deadline = time.monotonic() + timeout
+    before = server_cpu_s(server)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = server_cpu_s(server)
+        if now - before < 0.05:
+            break
+        before = now
+    return server
 
 
 def divergence_cost(repeats: int) -> dict:
@@ -290,7 +325,7 @@ def main() -> None:
     results: dict = {"environment": environment(), "mode": "quick" if quick else "full", "command": " ".join(sys.argv)}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        server = MlflowServer(work / "server").start()
+        server = settled(MlflowServer(work / "server").start())
         try:
             if args.only in (None, "small"):  # the worst case for per-epoch costs, by pairs, with its profile
                 seed = ["seed"] if seed_recipe_available() else []
@@ -334,12 +369,14 @@ class _Done(Exception):
 def report(results: dict) -> None:
     env = results["environment"]
     print(f"\n== hvd-mlflow benchmark ({results['mode']}): TF {env['tensorflow']}, {env['keras']}, {env['cpus']} CPUs")
-    print("realistic model (dense 128-512-512-1, accuracy + AUC, ~0.5 s epochs), by pairs in one job:")
-    for r in results.get("realistic", []):
+    for r in [*results.get("realistic", []), *results.get("small", [])]:
+        if r is results.get("realistic", [None])[0] or r is results.get("small", [None])[0]:
+            print(f"{r['model']} model, by pairs in one job:")
         print(f"  {r['latency_ms']:>4} ms {r['variant']:>8}: +{r['added_ms_median']:6.1f} ms/epoch, "
               f"x{r['ratio_median']:.4f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) on "
               f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
-              f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch")  # fmt: skip
+              f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch, "
+              f"server CPU {r.get('server_cpu_ms_per_epoch', float('nan')):.1f} ms/epoch")  # fmt: skip
         if r["profile_ms"]:
             print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
                                                                           r["profile_ms"].items()))  # fmt: skip
