@@ -227,7 +227,7 @@ def memory(server: MlflowServer, epochs: int, metrics: int, work: Path) -> dict:
     return result
 
 
-def realistic(
+def paired(
     server: MlflowServer,
     latencies: list[float],
     pairs: int,
@@ -317,9 +317,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--only", choices=["realistic", "small", "overhead"], help="run only this section")
-    parser.add_argument("--variants", nargs="+", help="realistic section: only these variants (e.g. hvd seed)")
-    parser.add_argument("--pairs", type=int, help="realistic section: pairs per variant (default 1 quick, 8 full)")
-    parser.add_argument("--threads", type=int, default=1, help="realistic section: TensorFlow threads per rank")
+    parser.add_argument("--variants", nargs="+", help="paired sections: only these variants (e.g. hvd seed)")
+    parser.add_argument("--pairs", type=int, help="paired sections: pairs per variant (default 1 quick, 8 full)")
+    parser.add_argument("--threads", type=int, default=1, help="paired sections: TensorFlow threads per rank")
     args = parser.parse_args()
     quick = args.quick
     results: dict = {"environment": environment(), "mode": "quick" if quick else "full", "command": " ".join(sys.argv)}
@@ -331,13 +331,13 @@ def main() -> None:
                 seed = ["seed"] if seed_recipe_available() else []
                 variants = args.variants or (["hvd"] if quick else ["hvd", *seed])
                 latencies = [0.0] if quick else [0.0, 0.1, 0.3]
-                results["small"] = realistic(server, latencies, args.pairs or (1 if quick else 8), 10 if quick else 30,
+                results["small"] = paired(server, latencies, args.pairs or (1 if quick else 8), 10 if quick else 30,
                                              work, variants, args.threads, model="small")  # fmt: skip
             if args.only == "small":
                 raise _Done
             if args.only != "overhead":
                 pairs = args.pairs or (1 if quick else 8)
-                results["realistic"] = realistic(server, [0.0] if quick else [0.0, 0.3], pairs, 3 if quick else 5,
+                results["realistic"] = paired(server, [0.0] if quick else [0.0, 0.3], pairs, 3 if quick else 5,
                                                  work, args.variants or (["hvd"] if quick else None),
                                                  args.threads)  # fmt: skip
                 results["divergence"] = divergence_cost(5 if quick else 30)
@@ -369,20 +369,21 @@ class _Done(Exception):
 def report(results: dict) -> None:
     env = results["environment"]
     print(f"\n== hvd-mlflow benchmark ({results['mode']}): TF {env['tensorflow']}, {env['keras']}, {env['cpus']} CPUs")
-    for r in [*results.get("realistic", []), *results.get("small", [])]:
-        if r is results.get("realistic", [None])[0] or r is results.get("small", [None])[0]:
-            print(f"{r['model']} model, by pairs in one job:")
-        print(f"  {r['latency_ms']:>4} ms {r['variant']:>8}: +{r['added_ms_median']:6.1f} ms/epoch, "
-              f"x{r['ratio_median']:.4f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) on "
-              f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
-              f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch, "
-              f"server CPU {r.get('server_cpu_ms_per_epoch', float('nan')):.1f} ms/epoch")  # fmt: skip
-        if r["profile_ms"]:
-            print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
-                                                                          r["profile_ms"].items()))  # fmt: skip
-        if r.get("floors_ms"):
-            print("           floors (same job, no-logging fits): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
-                                                                               r["floors_ms"].items()))  # fmt: skip
+    for section in ("realistic", "small"):
+        if results.get(section):
+            print(f"{section} model, by pairs in one job:")
+        for r in results.get(section, []):
+            print(f"  {r['latency_ms']:>4} ms {r['variant']:>8}: +{r['added_ms_median']:6.1f} ms/epoch, "
+                  f"x{r['ratio_median']:.4f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) on "
+                  f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
+                  f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch, "
+                  f"server CPU {r.get('server_cpu_ms_per_epoch', float('nan')):.1f} ms/epoch")  # fmt: skip
+            if r["profile_ms"]:
+                print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
+                                                                              r["profile_ms"].items()))  # fmt: skip
+            if r.get("floors_ms"):
+                print("           floors (same job, no-logging fits): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
+                                                                                   r["floors_ms"].items()))  # fmt: skip
     for d in results.get("divergence", {}).values():
         print(
             f"  divergence check, {d['parameters'] / 1e6:.1f} M parameters: {d['median_ms']:.2f} ms per epoch "
