@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -9,7 +10,7 @@ from mlflow import MlflowClient
 
 from hvd_mlflow.delivery import JOURNAL_ID_TAG, Uploader
 from hvd_mlflow.journal import FileJournal, JournalMeta
-from hvd_mlflow.limits import MLFLOW
+from hvd_mlflow.limits import AZUREML, MLFLOW
 
 pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 
@@ -235,3 +236,27 @@ def test_after_the_refused_entry_is_found_entries_are_packed_again(tmp_path, mlf
     uploader.upload_some()
     assert refusing.requests == 5  # the five in one request
     assert [m.step for m in client.get_metric_history(uploader.run_id, "a")] == [0, 2, 3, 4, 5, 6, 7]
+
+
+def test_the_tag_budget_counts_the_tags_the_server_adds_to_a_run_it_creates(tmp_path, mlflow_server, client):
+    """AzureML's 50 tags include the ones the service sets itself: a run created here holds, besides the tags sent
+    with its creation, what the server added (MLflow's server: ``mlflow.runName``), and the budget counts them."""
+    own = {f"t_{i:02d}": "x" for i in range(10)}
+    journal = FileJournal.create(
+        tmp_path,
+        JournalMeta.new(tracking_uri=mlflow_server.url, experiment_name=f"tags-{uuid.uuid4().hex[:8]}", run_tags=own),
+    )
+    later = {f"u_{i:02d}": "y" for i in range(45)}
+    journal.append("tags", later)
+    uploader = Uploader(journal, client, AZUREML)
+    while uploader.upload_some():
+        pass
+    tags = client.get_run(uploader.run_id).data.tags
+    assert "mlflow.runName" in tags  # the premise: the server added a tag of its own at creation
+    assert len(tags) == 50  # 10 + the journal's id + the server's + 38 of the later ones: not one more
+    kept = {k for k in later if k in tags}
+    [artifact] = [f.path for f in client.list_artifacts(uploader.run_id, "hvd_mlflow") if f.path.endswith(".json")]
+    held = client.download_artifacts(uploader.run_id, artifact, str(tmp_path / "download"))
+    with open(held) as f:
+        assert json.load(f) == {k: v for k, v in later.items() if k not in kept}  # the rest, every one, held
+    assert len(kept) == 50 - len(own) - 2
