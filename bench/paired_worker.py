@@ -20,6 +20,9 @@ with its device-to-host transfer, one small write with its fsync next to the jou
 ``MlflowClient.log_batch`` of the epoch's metrics, on rank 0. Each rank runs TensorFlow on ``--threads`` threads
 (1 by default: one rank per core, as Horovod advises on CPUs).
 
+With ``--against`` another variant (``seed``), the other fit of each pair runs that variant instead of no
+logging: the two are then compared head to head, without the noise of two separate differences to no logging.
+
 Rank 0 writes ``result.json`` in ``--out``.
 """
 
@@ -182,8 +185,11 @@ def model_and_data(name: str, rank: int):
     return model, x, y
 
 
+VARIANTS = ("hvd", "hvd-mean", "hvd-system", "seed", "mlflow")
+
+
 def switch(variant: str, on: bool, out: Path) -> list:
-    """Turn ``variant``'s logging on or off for the next fit; the callbacks it needs."""
+    """Turn ``variant``'s logging on or off for the next fit; the callbacks it needs (``none``: nothing)."""
     import hvd_mlflow
 
     if variant in ("hvd", "hvd-mean", "hvd-system"):
@@ -210,7 +216,8 @@ def switch(variant: str, on: bool, out: Path) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=["hvd", "hvd-mean", "hvd-system", "seed", "mlflow"], required=True)
+    parser.add_argument("--variant", choices=VARIANTS, required=True)
+    parser.add_argument("--against", choices=["none", *VARIANTS], default="none", help="the other fit of each pair")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--model", choices=sorted(MODELS), default="realistic")
@@ -233,13 +240,14 @@ def main() -> None:
         order = [False, True] if pair % 2 == 0 else [True, False]
         medians = {}
         for on in order:
-            callbacks = switch(args.variant, on, args.out)
+            running = args.variant if on else args.against
+            callbacks = switch(running, True, args.out)
             clock = EpochClock(profiled=on and args.profile)
             hvd.allreduce(np.zeros(1), name=f"bench.pair.{pair}.{on}")  # both ranks start together
             model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
                       callbacks=[*callbacks, clock])  # fmt: skip
             medians[on] = statistics.median(clock.seconds)
-        switch(args.variant, False, args.out)
+            switch(running, False, args.out)
         pairs.append({"without_s": medians[False], "with_s": medians[True]})
     if args.profile:  # the floors, in a no-logging fit of their own: the pairs' timed fits do not carry them
         history = model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,

@@ -36,33 +36,44 @@ def paired(r: dict, section: str) -> list[str]:
     lines = [
         f"{MODELS[rows[0].get('model', 'realistic')]}, "
         f"{rows[0]['pairs']} pairs of {rows[0]['epochs_per_fit']}-epoch fits per line, "
-        f"{rows[0].get('threads_per_rank', 0) or 'default'} TensorFlow thread(s) per rank:",
+        f"{rows[0].get('threads_per_rank', 0) or 'default'} TensorFlow thread(s) per rank"
+        + (
+            f"; **the MLflow server at nice {r['server_nice']}** (it gets only the CPU the ranks leave idle, the "
+            "nearest this machine comes to a server on another host)"
+            if r.get("server_nice")
+            else ""
+        )
+        + ":",
         "",
-        "| latency | logging | epoch without | added per epoch (median pair) | ratio (median pair, min-max) "
+        "| latency | logging | epoch without (or of the other) | added per epoch (median pair) "
+        "| ratio (median pair, min-max) "
         "| metric requests / epoch | MLflow server CPU / epoch |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         server = row.get("server_cpu_ms_per_epoch")
         lines.append(
-            f"| {row['latency_ms']} ms | {NAMES[row['variant']]} | {row['epoch_s_without'] * 1000:.0f} ms "
+            f"| {row['latency_ms']} ms | {label(row)} | {row['epoch_s_without'] * 1000:.0f} ms "
             f"| {row['added_ms_median']:+.1f} ms | {row['ratio_median']:.3f} ({row['ratio_min']:.3f}-"
             f"{row['ratio_max']:.3f}) | {row['metric_requests_per_epoch']:.2f} "
             f"| {'' if server is None else f'{server:.1f} ms'} |"
         )
     lines += [
         "",
-        "hvd-mlflow's parts on the training thread, median ms per epoch (`--profile`; the sender's CPU: mean per "
-        "epoch):",
+        "hvd-mlflow's parts on the training thread, median ms per epoch (`--profile`; `capture` is the epoch's two "
+        "state reads, training and validation, so its floor is two calls; `own`: the epoch end without the wait "
+        "for the other rank in the collective, `epoch_end_total - collective + collective_last_rank`, what rank 0's "
+        "hvd-mlflow adds to the epoch's critical path; the sender's CPU: mean per epoch):",
         "",
     ]
-    lines += ["| latency | " + " | ".join(PARTS) + " |", "| --- |" + " --- |" * len(PARTS)]
+    lines += ["| latency | " + " | ".join(COLUMNS) + " |", "| --- |" + " --- |" * len(COLUMNS)]
     for row in rows:
         if row["profile_ms"]:
-            cells = [f"{row['profile_ms'].get(part + '_ms', float('nan')):.2f}" for part in PARTS]
+            profile = {**row["profile_ms"], "own_ms": own(row["profile_ms"])}
+            cells = [f"{profile.get(part + '_ms', float('nan')):.2f}" for part in COLUMNS]
             lines.append(f"| {row['latency_ms']} ms | " + " | ".join(cells) + " |")
         if row.get("floors_ms"):
-            cells = [f"{row['floors_ms'][FLOORS[part]]:.2f}" if part in FLOORS else "" for part in PARTS]
+            cells = [floor(row["floors_ms"], part) for part in COLUMNS]
             lines.append(f"| its floor ({row['latency_ms']} ms) | " + " | ".join(cells) + " |")
     d = r.get("divergence") if section == "realistic" else None
     if d:
@@ -72,15 +83,40 @@ def paired(r: dict, section: str) -> list[str]:
     return [*lines, ""]
 
 
-# the floor each part is held against, measured in the same job (bench/paired_worker.py's Floors)
+def floor(floors: dict, part: str) -> str:
+    """The floor of ``part`` per epoch (blank for a part without one); ``own``'s: the sum of its parts' floors."""
+    if part == "own":
+        return f"{sum(floors[FLOORS[p][0]] * FLOORS[p][1] for p in FLOORS if p != 'sender_cpu'):.2f} (sum)"
+    if part not in FLOORS:
+        return ""
+    name, times = FLOORS[part]
+    return f"{floors[name] * times:.2f}" + (f" ({times} x {floors[name]:.2f})" if times > 1 else "")
+
+
+def label(row: dict) -> str:
+    """A paired line's variant, and what it was paired with when that is not no logging."""
+    against = row.get("against", "none")
+    return NAMES[row["variant"]] + ("" if against == "none" else f", **head to head against {NAMES[against]}**")
+
+
+# the floor each part is held against, measured in the same job (bench/paired_worker.py's Floors): the floor
+# measured, and how many of it the part holds per epoch (the capture reads two states: the training state before
+# validation, the validation state at the epoch's end)
 FLOORS = {
-    "capture": "call_and_transfer_ms",
-    "collective_last_rank": "collective_last_rank_ms",
-    "compute": "call_and_transfer_ms",
-    "journal_append": "write_and_fsync_ms",
-    "sender_cpu": "request_cpu_ms",
+    "capture": ("call_and_transfer_ms", 2),
+    "collective_last_rank": ("collective_last_rank_ms", 1),
+    "compute": ("call_and_transfer_ms", 1),
+    "journal_append": ("write_and_fsync_ms", 1),
+    "sender_cpu": ("request_cpu_ms", 1),
 }
 PARTS = ("capture", "collective", "collective_last_rank", "compute", "journal_append", "epoch_end_total", "sender_cpu")
+COLUMNS = (*PARTS[:-1], "own", PARTS[-1])
+
+
+def own(profile: dict) -> float:
+    """Rank 0's epoch end without its wait for the other rank in the collective (that skew, a training without
+    logging pays at its next gradient allreduce instead)."""
+    return profile["epoch_end_total_ms"] - profile["collective_ms"] + profile["collective_last_rank_ms"]
 
 
 def tables(results: dict[str, dict]) -> str:
