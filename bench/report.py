@@ -116,7 +116,12 @@ COLUMNS = (*PARTS[:-1], "own", PARTS[-1])
 def own(profile: dict) -> float:
     """Rank 0's epoch end without its wait for the other rank in the collective (that skew, a training without
     logging pays at its next gradient allreduce instead)."""
-    return profile["epoch_end_total_ms"] - profile["collective_ms"] + profile["collective_last_rank_ms"]
+    nan = float("nan")
+    return (
+        profile.get("epoch_end_total_ms", nan)
+        - profile.get("collective_ms", nan)
+        + profile.get("collective_last_rank_ms", nan)
+    )
 
 
 def tables(results: dict[str, dict]) -> str:

@@ -402,7 +402,7 @@ def report(results: dict) -> None:
             print(f"{section} model, by pairs in one job:")
         for r in results.get(section, []):
             against = "" if r.get("against", "none") == "none" else f" vs {r['against']}"
-            print(f"  {r['latency_ms']:>4} ms {r['variant'] + against:>8}: +{r['added_ms_median']:6.1f} ms/epoch, "
+            print(f"  {r['latency_ms']:>4} ms {r['variant'] + against:>8}: {r['added_ms_median']:+7.1f} ms/epoch, "
                   f"x{r['ratio_median']:.4f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) on "
                   f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
                   f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch, "
