@@ -179,9 +179,28 @@ class RankZeroSteps:
         seconds = time.perf_counter() - self._epoch_start
         out = {"epoch_time_s": seconds}
         samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
-        if samples and seconds > 0:
+        if samples and seconds > 0 and not self._counts_batches(samples):
             out["samples_per_s"] = samples / seconds
         return out
+
+    def _counts_batches(self, samples: float) -> bool:
+        """Whether the loss tracker's count, summed over ranks, is the epoch's batches rather than its samples: a
+        custom ``train_step`` that updates its own ``Mean(name="loss")`` without a sample weight (Keras' own
+        example does) counts one per batch. Then ``samples_per_s`` would be batches per second: it is not logged,
+        with one warning. (With a batch size of 1 the two are the same and it is logged.)"""
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if not steps or self._batch_size == 1 or samples != steps * self._comm.size:
+            return False
+        warn_once(
+            f"counts-batches:{id(self)}",
+            "hvd-mlflow: the loss tracker counts batches, not samples (%d over %d ranks, %s steps each): a custom "
+            "train_step that calls loss_tracker.update_state(loss) without sample_weight. samples_per_s is not "
+            "logged; pass sample_weight=batch size to update_state to have it.",
+            int(samples),
+            self._comm.size,
+            steps,
+        )
+        return True
 
     def _open_csv(self, append: bool) -> None:
         if self._csv_logger is None:

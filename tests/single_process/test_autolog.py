@@ -150,3 +150,51 @@ def test_callback_of_the_wrong_flavour_is_refused_clearly():
         callback.set_model(model)
     right = hvd_mlflow.HorovodMlflowCallback(model=model)
     assert isinstance(right, importlib.import_module("tf_keras").callbacks.Callback)
+
+
+def custom_step_model(keras):
+    """Keras' own custom ``train_step`` example: a loss tracker updated once per batch, without a sample weight."""
+    import tensorflow as tf
+
+    class Custom(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+
+        def call(self, x):
+            return self.dense(x)
+
+        def train_step(self, batch):
+            x, y = batch
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(self(x, training=True) - y))
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(gradients, self.trainable_variables, strict=True))
+            self.loss_tracker.update_state(loss)
+            return {"loss": self.loss_tracker.result()}
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker]
+
+    model = Custom()
+    model.compile(optimizer="sgd")
+    return model
+
+
+@pytest.mark.parametrize("flavour", keras_flavour.importable())
+def test_samples_per_s_counts_samples_or_is_not_logged(tracking, client, flavour, caplog):
+    """samples_per_s x epoch_time_s is the epoch's 32 samples; a loss tracker that counts batches (4 per epoch here)
+    gives no samples_per_s, with one warning, instead of batches per second."""
+    keras = importlib.import_module(flavour)
+    hvd_mlflow.autolog()
+    small_model(flavour)[0].fit(*data(), epochs=2, batch_size=8, verbose=0)
+    custom_step_model(keras).fit(*data(), epochs=2, batch_size=8, verbose=0)
+    standard, custom = sorted(runs_of(client, tracking), key=lambda run: run.info.start_time)
+    rate = {p.step: p.value for p in client.get_metric_history(standard.info.run_id, "samples_per_s")}
+    seconds = {p.step: p.value for p in client.get_metric_history(standard.info.run_id, "epoch_time_s")}
+    assert sorted(rate) == [0, 1] and all(rate[e] * seconds[e] == pytest.approx(32) for e in rate)
+    assert "samples_per_s" not in client.get_run(custom.info.run_id).data.metrics
+    assert "loss" in client.get_run(custom.info.run_id).data.metrics
+    assert caplog.text.count("the loss tracker counts batches") == 1
