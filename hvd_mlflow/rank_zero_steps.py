@@ -191,6 +191,9 @@ class RankZeroSteps:
         steps = (getattr(self, "params", None) or {}).get("steps")
         if not steps or self._batch_size == 1 or samples != steps * self._comm.size:
             return False
+        own_step = type(self.model).train_step is not keras_flavour.model_class(self._flavour or "keras").train_step
+        if not own_step:  # Keras' train_step counts samples: batches of one sample (a dataset batched by 1)
+            return False
         warn_once(
             f"counts-batches:{id(self)}",
             "hvd-mlflow: the loss tracker counts batches, not samples (%d over %d ranks, %s steps each): a custom "

@@ -187,14 +187,18 @@ def custom_step_model(keras):
 def test_samples_per_s_counts_samples_or_is_not_logged(tracking, client, flavour, caplog):
     """samples_per_s x epoch_time_s is the epoch's 32 samples; a loss tracker that counts batches (4 per epoch here)
     gives no samples_per_s, with one warning, instead of batches per second."""
+    import tensorflow as tf
+
     keras = importlib.import_module(flavour)
     hvd_mlflow.autolog()
     small_model(flavour)[0].fit(*data(), epochs=2, batch_size=8, verbose=0)
+    small_model(flavour)[0].fit(tf.data.Dataset.from_tensor_slices(data()).batch(1), epochs=2, verbose=0)
     custom_step_model(keras).fit(*data(), epochs=2, batch_size=8, verbose=0)
-    standard, custom = sorted(runs_of(client, tracking), key=lambda run: run.info.start_time)
-    rate = {p.step: p.value for p in client.get_metric_history(standard.info.run_id, "samples_per_s")}
-    seconds = {p.step: p.value for p in client.get_metric_history(standard.info.run_id, "epoch_time_s")}
-    assert sorted(rate) == [0, 1] and all(rate[e] * seconds[e] == pytest.approx(32) for e in rate)
+    *standard, custom = sorted(runs_of(client, tracking), key=lambda run: run.info.start_time)
+    for run in standard:  # batches of 8, then a dataset of batches of 1 (as many batches as samples)
+        rate = {p.step: p.value for p in client.get_metric_history(run.info.run_id, "samples_per_s")}
+        seconds = {p.step: p.value for p in client.get_metric_history(run.info.run_id, "epoch_time_s")}
+        assert sorted(rate) == [0, 1] and all(rate[e] * seconds[e] == pytest.approx(32) for e in rate)
     assert "samples_per_s" not in client.get_run(custom.info.run_id).data.metrics
     assert "loss" in client.get_run(custom.info.run_id).data.metrics
     assert caplog.text.count("the loss tracker counts batches") == 1
