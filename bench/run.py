@@ -377,7 +377,7 @@ def main() -> None:
             results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work)
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
-            results["memory"] = memory(server, 1000 if quick else 10000, 100, work)
+            results["memory"] = memory(server, 300 if quick else 10000, 100, work)
         except _Done:
             pass
         finally:

@@ -19,6 +19,7 @@ import signal
 import time
 from pathlib import Path
 
+import common  # noqa: F401  (tf_keras: its autograph rule, common._leave_tf_keras_unconverted)
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
