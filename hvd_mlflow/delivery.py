@@ -124,8 +124,7 @@ class Uploader:
         self._created_here = True
         # the run's tags as the server holds them: those sent, and those it added (MLflow's mlflow.runName; AzureML's
         # own), which count against a per-run tag limit too
-        held_tags = set(tags) | set(getattr(getattr(run, "data", None), "tags", None) or {})
-        self._existing = RunContents(skip=self.meta.resume == "skip", tag_keys=held_tags)
+        self._existing = RunContents(skip=self.meta.resume == "skip", tag_keys=set(tags) | set(run.data.tags))
         return self._remember_run(run.info.run_id)
 
     def _experiment_id(self) -> str:
