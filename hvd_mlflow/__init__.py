@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import (
     HvdMlflowError,
+    LauncherMismatchError,
     MetricKeyMismatchError,
     MetricNameCollisionError,
     MissingDependencyError,
@@ -34,6 +35,7 @@ __all__ = [
     "autolog",
     "HorovodMlflowCallback",
     "HvdMlflowError",
+    "LauncherMismatchError",
     "MetricKeyMismatchError",
     "MetricNameCollisionError",
     "MissingDependencyError",

@@ -142,6 +142,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._validating = False
         self._params_logged = bool(self._elastic and self._elastic.link.params_logged)
         self._owns_run = False
+        self._hosts: tuple[str, ...] = ()  # every rank's host (agreed at train begin), tagged with the params
         self._step = 0
         self._epoch_start = time.perf_counter()
 
@@ -160,6 +161,9 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             self._elastic.fit_begins()
         if self._run_logger is not None:  # the previous fit was cut: a reset (whoever is rank 0 now replays it),
             self._hand_over() if self._elastic is not None else self._end_cut_fit()  # or it raised, without autolog
+        hvd = topology.horovod_if_initialised()
+        if hvd is not None:  # every process of the job sees the same launcher and Horovod world: raised by all alike
+            topology.check_horovod_world(hvd.size())
         self._comm = collectives.current()
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
@@ -168,10 +172,16 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if self._comm.rank == 0:
             first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
         proposal = Proposal(
-            self.run_id, self._owns_run, first_step, fit_plan.collective_shape(self.options, self.model), every
+            self.run_id,
+            self._owns_run,
+            first_step,
+            fit_plan.collective_shape(self.options, self.model),
+            every,
+            topology.hostname(),
         )
         plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
+        self._hosts = plan.hosts
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
         self._clock = fit_plan.batch_clock(plan, self.model, warn=self._comm.rank == 0)

@@ -20,5 +20,10 @@ class OptionsMismatchError(HvdMlflowError):
     """Ranks were given different options that decide which collectives run."""
 
 
+class LauncherMismatchError(HvdMlflowError):
+    """The launcher started more processes than Horovod sees (Horovod without MPI under ``mpirun``): each process
+    would train alone as rank 0 and log its own values into the job's run. Raised by every process at train begin."""
+
+
 class MissingDependencyError(HvdMlflowError, ImportError):
     """TensorFlow, Horovod or MLflow cannot be imported here; the message names the pip command that installs it."""

@@ -5,9 +5,9 @@ construction. At train begin each rank brings a :class:`Proposal`: rank 0 the ru
 global step it starts from (its optimizer's iteration count: with Horovod's resume recipe only rank 0 has
 restored it yet) and the batch-logging interval (raised to keep within the server's rows per metric), every rank
 the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
-takes rank 0's run, first step and interval, and every rank sees whether the ranks' options differ and raises the
-same error if they do (never a hang). The batch clock follows from the agreed plan and the compile arguments, which
-every rank has alike.
+takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and every rank sees whether the
+ranks' options differ and raises the same error if they do (never a hang). The batch clock follows from the agreed
+plan and the compile arguments, which every rank has alike.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Proposal:
     first_step: int  # rank 0's optimizer iterations at train begin; 0 elsewhere
     collective_options: tuple[tuple[str, Any], ...]  # (name, value) of every option that shapes collectives
     log_every_n_steps: int = 0  # rank 0's, raised to keep the batch/ rows within the server's limit
+    host: str = ""  # this rank's host name (rank 0 tags the run with every rank's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Plan:
     owns_run: bool
     first_step: int
     log_every_n_steps: int = 0
+    hosts: tuple[str, ...] = ()  # every rank's host, in rank order
 
 
 def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
@@ -78,7 +80,9 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
             "variables):\n" + "\n".join(lines)
         )
     leader = proposals[0]
-    return Plan(leader.run_id, leader.owns_run, leader.first_step, leader.log_every_n_steps)
+    return Plan(
+        leader.run_id, leader.owns_run, leader.first_step, leader.log_every_n_steps, tuple(p.host for p in proposals)
+    )
 
 
 def _describe(options: tuple[tuple[str, Any], ...]) -> str:

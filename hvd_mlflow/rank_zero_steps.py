@@ -26,6 +26,7 @@ class RankZeroSteps:
 
     _run_logger: RunLogger | None
     _csv_logger: Any
+    _hosts: tuple[str, ...]
     model: Any
     options: Any
 
@@ -173,6 +174,7 @@ class RankZeroSteps:
             flavour=self._flavour or "keras",
         )
         self._run_logger.log_params({**params, **self.options.extra_params})
+        self._run_logger.log_tags(run_params.hosts_tag(self._hosts))
 
     def _timing(self) -> dict[str, float]:
         """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import keras_flavour
+from . import keras_flavour, topology
 from ._version import __version__
 from .aggregate import scalar
 from .dependencies import installed_version
@@ -85,3 +85,9 @@ def run_tags(*, world_size: int, reduction: str, flavour: str, extra: Mapping[st
     }
     tags.update({str(k): str(v) for k, v in extra.items()})
     return tags
+
+
+def hosts_tag(hosts: Sequence[str]) -> dict[str, str]:
+    """Which ranks ran where (every rank's host, from the train-begin collective): the rank of a ``system/*_max``
+    names its node."""
+    return {"hvd_mlflow.hosts": topology.describe_hosts(hosts)} if hosts else {}

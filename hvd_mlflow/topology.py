@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from .errors import LauncherMismatchError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,3 +76,59 @@ def from_environment(environ: Mapping[str, str]) -> Topology:
         except (ValueError, TypeError, AttributeError):
             pass
     return Topology(0, 1, 0, "single-process")
+
+
+# Launchers that start a fixed world of processes and say its size (horovodrun's own variables are left out: under
+# elastic Horovod the world changes while they keep their first value).
+_FIXED_WORLDS = (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"), ("PMI_SIZE", "a PMI launcher (mpiexec, srun)"))
+
+
+def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+    """The number of processes an MPI launcher started, and which launcher, if one started this process."""
+    environ = os.environ if environ is None else environ
+    for variable, launcher in _FIXED_WORLDS:
+        if environ.get(variable, "").isdigit():
+            return int(environ[variable]), launcher
+    return None
+
+
+def check_horovod_world(horovod_size: int, environ: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and Horovod sees one.
+
+    Every process of such a job sees the same two numbers, so every process raises alike (rule 2)."""
+    world = launcher_world(environ)
+    if world is None or horovod_size != 1 or world[0] <= 1:
+        return
+    size, launcher = world
+    raise LauncherMismatchError(
+        f"hvd-mlflow: {launcher} started {size} processes, but Horovod sees a world of 1 in each: this Horovod was "
+        "built without MPI, so every process would train alone as rank 0 and log its own local values into the same "
+        "run. Build Horovod with MPI (HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 pip install --no-cache-dir "
+        "horovod; `horovodrun --check-build` lists MPI), or launch with `horovodrun --gloo`."
+    )
+
+
+def hostname() -> str:
+    return socket.gethostname()
+
+
+def describe_hosts(hosts: Sequence[str]) -> str:
+    """Which ranks ran on which host, hosts in order of their first rank: ``node0:0-1 node1:2-3``."""
+    ranks: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        ranks.setdefault(host, []).append(rank)
+    return " ".join(f"{host}:{_ranges(numbers)}" for host, numbers in ranks.items())
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2,5``."""
+    parts: list[str] = []
+    start = previous = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == previous + 1:
+            previous = n
+            continue
+        parts.append(str(start) if start == previous else f"{start}-{previous}")
+        if n is not None:
+            start = previous = n
+    return ",".join(parts)

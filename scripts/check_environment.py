@@ -1,4 +1,5 @@
-"""The end of scripts/setup-env.sh: the pinned stack imports together (Horovod against this TensorFlow)."""
+"""The end of scripts/setup-env.sh: the pinned stack imports together (Horovod against this TensorFlow), and Horovod
+has the controllers the environment promises (``check_environment.py mpi-gloo``: MPI and Gloo)."""
 
 from __future__ import annotations
 
@@ -12,3 +13,10 @@ import tensorflow as tf
 
 print(f"tensorflow {tf.__version__} | horovod {horovod.__version__} | mlflow {mlflow.__version__} | numpy "
       f"{numpy.__version__}", file=sys.stderr)  # fmt: skip
+
+wanted = set(sys.argv[1].split("-")) if len(sys.argv) > 1 else {"gloo"}
+built = {
+    name for name, check in (("mpi", horovod.tensorflow.mpi_built), ("gloo", horovod.tensorflow.gloo_built)) if check()
+}
+if wanted - built:
+    sys.exit(f"horovod lacks the {', '.join(sorted(wanted - built))} controller (built: {', '.join(sorted(built))})")

@@ -7,6 +7,9 @@
 # Horovod 0.28.1 is source-only: it is compiled against the venv's TensorFlow, and the wheel is cached
 # outside the clone, keyed by Python and TensorFlow versions ($HVD_MLFLOW_CACHE, default
 # ~/.cache/hvd-mlflow). With an empty cache it is built from source (3-5 minutes on 2 cores).
+# The primary environment (tf2.16, AzureML's) builds it with MPI and Gloo, as AzureML's images do
+# (examples/azureml/environment/Dockerfile): Open MPI's mpirun is how AzureML starts every rank. Open MPI comes
+# from Debian (openmpi-bin, libopenmpi-dev) when root. The other environments stay Gloo-only.
 set -euo pipefail
 
 matrix=${1:-tf2.16}
@@ -41,21 +44,31 @@ fi
 # Horovod, compiled against this TensorFlow (cached by Python + TensorFlow version).
 hvd=$(pin horovod)
 pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf"
+case "$matrix" in tf2.16) controllers=mpi-gloo; mpi_flag=HOROVOD_WITH_MPI=1 ;; *) controllers=gloo; mpi_flag=HOROVOD_WITHOUT_MPI=1 ;; esac
+cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf-$controllers"
+apt_install() {  # what [package...]: Debian packages when root, else say what is missing
+  local what=$1; shift
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing $* (Debian packages) for $what"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    log "$what needs the Debian packages $*: install them (sudo apt-get install $*)"; exit 1
+  fi
+}
+if [ "$controllers" = mpi-gloo ] && ! command -v mpicxx >/dev/null; then
+  apt_install "horovod with MPI" openmpi-bin libopenmpi-dev
+fi
 if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
-  log "building horovod $hvd against tensorflow $tf (no cached wheel in $cache); this takes minutes"
+  log "building horovod $hvd ($controllers) against tensorflow $tf (no cached wheel in $cache); this takes minutes"
   if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      log "installing cmake and g++ (Debian packages) to compile horovod"
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cmake g++ >/dev/null
-    else
-      log "horovod needs cmake (the system's 3.x, not the PyPI 4.x wheel) and g++: install them"; exit 1
-    fi
+    apt_install "compiling horovod (the system's cmake 3.x, not the PyPI 4.x wheel)" cmake g++
   fi
   tmp=$(mktemp -d)
-  CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
-  HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 \
+  (
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "$mpi_flag" \
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2
     pip wheel -c "$constraints" --no-build-isolation --no-deps --no-cache-dir "horovod==$hvd" -w "$tmp"
+  )
   mkdir -p "$cache"
   mv "$tmp"/horovod-*.whl "$cache"/
   rm -rf "$tmp"
@@ -65,6 +78,6 @@ pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horov
 log "installing hvd-mlflow (editable) with the test and azureml extras"
 pip install -c "$constraints" -e "$root[test,azureml]"
 
-"$venv/bin/python" "$root/scripts/check_environment.py"
+"$venv/bin/python" "$root/scripts/check_environment.py" "$controllers"
 echo "$want" > "$stamp"
 echo "$venv"

@@ -6,6 +6,7 @@ never from hvd-mlflow's code.
 
 from __future__ import annotations
 
+import socket
 import uuid
 
 import pytest
@@ -77,6 +78,7 @@ def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
         assert params[name], name
     tags = client.get_run(run_id).data.tags
     assert tags["hvd_mlflow.world_size"] == "2"
+    assert tags["hvd_mlflow.hosts"] == f"{socket.gethostname()}:0-1"  # both ranks on this host
     assert tags["hvd_mlflow.reduction"] == "exact"
 
 
