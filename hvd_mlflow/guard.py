@@ -5,9 +5,12 @@ In an AzureML job every rank inherits the job's run id, so any ``mlflow.log_*``,
 every rank (outside AzureML it creates one stray run per rank). :func:`install` makes every MLflow write path a
 no-op on ranks other than 0, each with one warning that says why: the fluent functions (also when the user
 imported them before ``autolog()``: they end in the client), every write method of ``MlflowClient``, and
-``log_model`` of every flavour (through ``mlflow.models.Model.log``). ``mlflow.start_run()`` there returns a run
-object for the job's run, which ``mlflow.active_run()`` then returns too, until ``mlflow.end_run()``. On rank 0
-the user's own ``mlflow.log_*`` calls keep working.
+``log_model`` of every flavour (through ``mlflow.models.Model.log``). Each returns there what MLflow's signature
+promises, built without a request (:mod:`hvd_mlflow.stand_ins`): ``set_experiment`` an ``Experiment``,
+``create_experiment`` an id, ``log_model`` a ``ModelInfo``, ``create_run`` a ``Run``, ...; so a script that uses
+the results runs on every rank. ``mlflow.start_run()`` there returns a run object for the job's run, which
+``mlflow.active_run()`` then returns too, until ``mlflow.end_run()``. On rank 0 the user's own ``mlflow.log_*``
+calls keep working.
 
 MLflow's TensorFlow/Keras autologging is turned off on every rank while ``hvd_mlflow.autolog()`` is on: it
 logs each rank's local values, per epoch and at every validation, so every Keras metric would be there twice
@@ -26,10 +29,10 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from . import destination, topology
+from . import destination, stand_ins, topology
 from ._log import warn_once
 
 FLUENT_WRITERS = (
@@ -117,33 +120,41 @@ def _note_user_metrics(name: str, args: tuple[Any, ...], kwargs: dict[str, Any])
         return
 
 
-def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: Callable[..., Any] = lambda: None):
-    """``original`` on rank 0; on other ranks one warning, and ``elsewhere()`` as the result."""
+StandIn = Callable[[Mapping[str, Any]], Any]  # the call's arguments by name -> what other ranks return
+
+
+def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn | None = None):
+    """``original`` on rank 0; on other ranks one warning, and ``elsewhere(arguments)`` as the result (what MLflow's
+    signature promises, :mod:`hvd_mlflow.stand_ins`), else ``None``."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():
             _note_user_metrics(name, args, kwargs)
             return original(*args, **kwargs)
         _warn(name)
-        return elsewhere()
+        return elsewhere(stand_ins.arguments(original, args, kwargs)) if elsewhere is not None else None
 
     return call
 
 
-def _job_run(run_id: str | None) -> Any:
+def _current_run_id(run_id: str | None) -> str | None:
+    """The run a stand-in belongs to: the stand-in run ``start_run()`` returned here, else the job's."""
+    active = _state["active"]
+    return active.info.run_id if active is not None else run_id
+
+
+def _job_run(run_id: str | None, call: Mapping[str, Any] | None = None) -> Any:
     """What ``mlflow.start_run()`` returns on ranks other than 0: a real ``mlflow.ActiveRun`` of the job's run
-    (its ``info.run_id``, empty data), that logs nothing and that ``mlflow.active_run()`` returns until it ends."""
+    (its ``info.run_id``, the experiment and run name asked for, empty data), that logs nothing and that
+    ``mlflow.active_run()`` returns until it ends."""
     from mlflow import ActiveRun
-    from mlflow.entities import LifecycleStage, Run, RunData, RunInfo, RunStatus
 
     class JobRun(ActiveRun):
         def __exit__(self, *exc: object) -> bool:
             _state["active"] = None
             return False
 
-    info = RunInfo(run_id=run_id or "", experiment_id="", user_id="", status=RunStatus.to_string(RunStatus.RUNNING),
-                   start_time=0, end_time=None, lifecycle_stage=LifecycleStage.ACTIVE)  # fmt: skip
-    return JobRun(Run(info, RunData()))
+    return JobRun(stand_ins.run(run_id, call))
 
 
 def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
@@ -159,7 +170,9 @@ def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
     for owner in (mlflow, fluent):
         for name in FLUENT_WRITERS:
             if hasattr(owner, name):
-                _patch(owner, name, _rank_zero_only(name, getattr(owner, name)))
+                result = stand_ins.FLUENT_RESULTS.get(name)
+                stand_in = (lambda call, result=result: result(call, _current_run_id(run_id))) if result else None
+                _patch(owner, name, _rank_zero_only(name, getattr(owner, name), stand_in))
         _patch(owner, "start_run", _start_run(owner.start_run, run_id, job_mode))
         _patch(owner, "active_run", _active_run(owner.active_run))
         _patch(owner, "end_run", _end_run(owner.end_run))
@@ -175,7 +188,7 @@ def _start_run(original: Callable[..., Any], run_id: str | None, job_mode: bool)
     def start_run(*args: Any, **kwargs: Any) -> Any:
         if not _writes_here():
             _warn("start_run")
-            _state["active"] = _job_run(kwargs.get("run_id") or run_id)
+            _state["active"] = _job_run(run_id, stand_ins.arguments(original, args, kwargs))
             return _state["active"]
         try:
             return original(*args, **kwargs)
@@ -211,12 +224,14 @@ def _guard_client(run_id: str | None) -> None:
     for name in dir(MlflowClient):
         original = getattr(MlflowClient, name)
         if name.startswith(CLIENT_WRITE_PREFIXES) and callable(original):
-            result = (lambda: _job_run(run_id)) if name == "create_run" else (lambda: None)
-            _patch(MlflowClient, name, _rank_zero_only(f"MlflowClient.{name}", original, result))
+            result = stand_ins.CLIENT_RESULTS.get(name)
+            stand_in = (lambda call, result=result: result(call, _current_run_id(run_id))) if result else None
+            _patch(MlflowClient, name, _rank_zero_only(f"MlflowClient.{name}", original, stand_in))
     raw = Model.__dict__.get("log")
     if raw is not None and not getattr(raw, "_hvd_mlflow_guard", False):
         _originals.append((Model, "log", raw))  # the classmethod itself, so that uninstall() restores it as one
-        replacement = classmethod(_rank_zero_only("<flavour>.log_model", raw.__func__))
+        model_info = lambda call: stand_ins.model_info(call, _current_run_id(run_id))  # noqa: E731
+        replacement = classmethod(_rank_zero_only("<flavour>.log_model", raw.__func__, model_info))
         replacement._hvd_mlflow_guard = True  # type: ignore[attr-defined]
         Model.log = replacement  # type: ignore[method-assign]
 
@@ -260,3 +275,4 @@ def uninstall() -> None:
         setattr(owner, name, original)
     _state["rank"] = None
     _state["active"] = None
+    stand_ins.reset()
