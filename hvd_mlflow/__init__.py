@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .errors import (
+    EmptyShardError,
     HvdMlflowError,
     LauncherMismatchError,
     MetricKeyMismatchError,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "autolog",
     "HorovodMlflowCallback",
+    "EmptyShardError",
     "HvdMlflowError",
     "LauncherMismatchError",
     "MetricKeyMismatchError",

@@ -5,7 +5,10 @@
 user passed one), in whatever form ``callbacks`` was given (a list, a tuple, a Keras ``CallbackList``), and ends
 a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs silently without the callback
 (the ranks' values and early stopping would disagree): if it cannot be added, ``fit`` raises a clear error on
-every rank before training.
+every rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
+arguments and handed to the callback, whose train-begin agreement raises the same error on every rank when any rank's
+is (:mod:`hvd_mlflow.shards`); a rank without training data makes only that agreement, not Keras' ``fit``, which
+would refuse it on that rank alone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import dependencies, destination, elastic, guard, keras_flavour, topology
+from . import dependencies, destination, elastic, guard, keras_flavour, shards, topology
 from .callback import HorovodMlflowCallback
 from .config import AutologOptions
 from .errors import HvdMlflowError
@@ -114,7 +117,7 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
         given = bound.arguments.get("callbacks")
         if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
             return original(self, *args, **kwargs)
-        _refuse_empty_validation(bound.arguments.get("validation_data"))
+        empty = shards.empty_parts(bound.arguments)  # this rank's own data: agreed at train begin, never raised here
         try:  # the same on every rank: it either works everywhere or fails everywhere, before any collective
             callback = HorovodMlflowCallback(
                 model=self,
@@ -122,7 +125,7 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
                 elastic_state=elastic.state_from_callbacks(_callbacks_in(given)),
                 options=options,
             )
-            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments))
+            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty)
             bound.arguments["callbacks"] = _with_first(callback, given, self)
         except Exception as error:
             raise HvdMlflowError(
@@ -131,6 +134,8 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
                 "a list, or call hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
             ) from error
         try:
+            if shards.TRAINING in empty:  # Keras would raise on this rank alone: the agreement raises on all alike
+                callback._train_begin_without_fit(self, bound.arguments.get("epochs"))
             return original(*bound.args, **bound.kwargs)
         except BaseException as error:
             if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
@@ -143,22 +148,6 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
-
-
-def _refuse_empty_validation(validation_data: Any) -> None:
-    """Keras cannot evaluate an empty validation set (Keras 3.3 fails with an AttributeError in the middle of
-    the first epoch, on that rank alone): say it clearly, before training."""
-    if isinstance(validation_data, tuple | list) and validation_data:
-        first = validation_data[0]
-        length = len(first) if hasattr(first, "__len__") and not isinstance(first, dict) else None
-        if isinstance(first, dict) and first:
-            length = len(next(iter(first.values())))
-        if length == 0:
-            raise HvdMlflowError(
-                f"hvd-mlflow: this rank's (rank {topology.current().rank}) validation data is empty; Keras cannot "
-                "evaluate an empty set, so every rank needs at least one validation sample (shard the validation "
-                "data so that no rank gets none, or pass no validation_data)"
-            )
 
 
 def _callbacks_in(given: Any) -> list[Any]:

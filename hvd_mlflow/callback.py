@@ -11,7 +11,8 @@ The decisions that choose which collectives a rank calls, each the same on every
 * ``on_train_begin``: one ``allgather_object`` (:mod:`hvd_mlflow.fit_plan`) when Horovod runs more than one
   process (Horovod's size). It agrees on rank 0's run and first global step, and checks that every rank has the
   same options that shape collectives (``reduction``, ``log_every_n_steps``, ``rank_spread``, ``system_metrics``,
-  ``check_divergence``, and the compiled ``steps_per_execution``); if not, every rank raises the same error.
+  ``check_divergence``, and the compiled ``steps_per_execution``); if not, every rank raises the same error. It
+  also carries which of each rank's shards are empty (:mod:`hvd_mlflow.shards`): any is the same error everywhere.
 * ``on_train_batch_end``: whether this batch is reduced: ``log_every_n_steps`` (agreed) and the global step, which
   is the agreed first step plus the batches counted from Keras' batch indices (:mod:`hvd_mlflow.batch_steps`),
   never a rank's own optimizer: right when rank 0 alone restored a checkpoint, with ``steps_per_execution > 1``
@@ -42,6 +43,7 @@ from . import (
     fit_plan,
     keras_flavour,
     metric_state,
+    shards,
     topology,
 )
 from ._log import set_silent
@@ -120,6 +122,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._captured_run_id = run_id or destination.run_id_from_environment()
         self._elastic = elastic.ElasticSession(elastic_state) if elastic_state is not None else None
         self._batch_size: int | None = None
+        self._empty_shards: tuple[str, ...] = ()  # this rank's, from fit's arguments (autolog)
         self._comm: collectives.Collectives = collectives.Solo()
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
         self._run_logger: RunLogger | None = None  # rank 0 only, while logging
@@ -178,6 +181,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             fit_plan.collective_shape(self.options, self.model),
             every,
             topology.hostname(),
+            self._empty_here(),
         )
         plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
@@ -288,8 +292,25 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._hand_over()
 
     # -- used by autolog -------------------------------------------------------------------------------
-    def _set_fit_arguments(self, batch_size: int | None) -> None:
+    def _set_fit_arguments(self, batch_size: int | None, empty_shards: tuple[str, ...] = ()) -> None:
         self._batch_size = batch_size
+        self._empty_shards = empty_shards
+
+    def _empty_here(self) -> tuple[str, ...]:
+        """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of
+        training steps (0: nothing to train on). Agreed there: any rank's raises on every rank."""
+        empty = set(self._empty_shards)
+        if (getattr(self, "params", None) or {}).get("steps") == 0:
+            empty.add(shards.TRAINING)
+        return tuple(part for part in (shards.TRAINING, shards.VALIDATION) if part in empty)
+
+    def _train_begin_without_fit(self, model: Any, epochs: Any) -> None:
+        """A rank with no training data, which Keras would refuse on this rank alone (tf_keras before any callback):
+        instead of ``fit``, this rank's part of the train-begin agreement, which raises the same error on every
+        rank."""
+        self.set_model(model)
+        self.set_params({"epochs": epochs, "steps": 0, "verbose": 0})
+        self.on_train_begin()
 
 
 def _concrete_class(flavour: str) -> type:

@@ -25,5 +25,10 @@ class LauncherMismatchError(HvdMlflowError):
     would train alone as rank 0 and log its own values into the job's run. Raised by every process at train begin."""
 
 
+class EmptyShardError(HvdMlflowError, ValueError):
+    """Some rank's training or validation data is empty (:mod:`hvd_mlflow.shards`); raised by every rank at train
+    begin."""
+
+
 class MissingDependencyError(HvdMlflowError, ImportError):
     """TensorFlow, Horovod or MLflow cannot be imported here; the message names the pip command that installs it."""

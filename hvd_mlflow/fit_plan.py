@@ -6,7 +6,8 @@ global step it starts from (its optimizer's iteration count: with Horovod's resu
 restored it yet) and the batch-logging interval (raised to keep within the server's rows per metric), every rank
 the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
 takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and every rank sees whether the
-ranks' options differ and raises the same error if they do (never a hang). The batch clock follows from the agreed
+ranks' options differ, or whether any rank's training or validation shard is empty, and raises the same error if
+so (never a hang, never one rank alone). The batch clock follows from the agreed
 plan and the compile arguments, which every rank has alike.
 """
 
@@ -20,7 +21,8 @@ from . import keras_flavour
 from ._log import warn_once
 from .batch_steps import BatchClock
 from .collectives import Collectives
-from .errors import OptionsMismatchError
+from .errors import EmptyShardError, OptionsMismatchError
+from .shards import message as empty_shards_message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Proposal:
     collective_options: tuple[tuple[str, Any], ...]  # (name, value) of every option that shapes collectives
     log_every_n_steps: int = 0  # rank 0's, raised to keep the batch/ rows within the server's limit
     host: str = ""  # this rank's host name (rank 0 tags the run with every rank's)
+    empty: tuple[str, ...] = ()  # which of this rank's shards are empty (training, validation): any is an error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,9 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
             "they would wait for each other forever; give every rank the same (same code, same HVD_MLFLOW_* "
             "variables):\n" + "\n".join(lines)
         )
+    empty = {rank: p.empty for rank, p in enumerate(proposals) if p.empty}
+    if empty:  # one rank's own data, now known to every rank: the same error everywhere
+        raise EmptyShardError(empty_shards_message(empty))
     leader = proposals[0]
     return Plan(
         leader.run_id, leader.owns_run, leader.first_step, leader.log_every_n_steps, tuple(p.host for p in proposals)

@@ -1,0 +1,77 @@
+"""Whether this rank's shard of ``fit``'s data is empty: found from ``fit``'s arguments on each rank, agreed at
+train begin (:mod:`hvd_mlflow.fit_plan`), so that every rank raises the same error when any rank's is.
+
+An empty shard is a rank's own data (a dataset sharded over more ranks than it has files or samples), so it may
+never decide anything on that rank alone (errors.py's contract): Keras cannot train on it nor evaluate it (Keras 3
+fails in the middle of the first epoch, tf_keras before ``on_train_begin``), and that rank alone stopping leaves the
+others waiting in a collective. What cannot be sized without reading it (a generator, a dataset of unknown
+cardinality) is not judged here: Keras then fails on that rank alone, as without hvd-mlflow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+TRAINING, VALIDATION = "training", "validation"
+
+
+def length(data: Any) -> int | None:
+    """How many samples (or batches, for a dataset or a Keras ``Sequence``) ``data`` holds; None if unknown."""
+    if data is None:
+        return None
+    if isinstance(data, Mapping):
+        return length(next(iter(data.values()))) if data else None
+    if isinstance(data, list | tuple):
+        return length(data[0]) if data else None
+    cardinality = getattr(data, "cardinality", None)
+    if cardinality is not None and hasattr(data, "element_spec"):  # a tf.data.Dataset
+        try:
+            count = int(cardinality())
+        except Exception:  # noqa: BLE001 - not sized: not judged
+            return None
+        return count if count >= 0 else None  # INFINITE (-1) and UNKNOWN (-2)
+    shape = getattr(data, "shape", None)
+    if shape is not None:
+        try:
+            return int(shape[0]) if len(shape) else None
+        except (TypeError, ValueError, IndexError):
+            return None
+    try:
+        return len(data)
+    except Exception:  # noqa: BLE001 - a generator or an iterator: not sized
+        return None
+
+
+def empty_parts(arguments: Mapping[str, Any]) -> tuple[str, ...]:
+    """Which of this rank's training and validation data ``fit``'s bound ``arguments`` show to be empty."""
+    empty: list[str] = []
+    samples = length(arguments.get("x"))
+    split = float(arguments.get("validation_split") or 0.0)
+    if samples is not None and 0.0 < split < 1.0 and arguments.get("validation_data") is None:
+        train = int(math.floor(samples * (1.0 - split)))  # Keras' own split, in both flavours
+        if train == 0:
+            empty.append(TRAINING)
+        if samples - train == 0:
+            empty.append(VALIDATION)
+        return tuple(empty)
+    if samples == 0:
+        empty.append(TRAINING)
+    validation = arguments.get("validation_data")
+    if isinstance(validation, list | tuple):
+        validation = validation[0] if validation else None
+    if validation is not None and length(validation) == 0:
+        empty.append(VALIDATION)
+    return tuple(empty)
+
+
+def message(empty_by_rank: Mapping[int, tuple[str, ...]]) -> str:
+    """The error every rank raises alike: which rank's shards are empty."""
+    lines = [f"  rank {rank}: {' and '.join(parts)} data is empty" for rank, parts in sorted(empty_by_rank.items())]
+    return (
+        "hvd-mlflow: some ranks have no data to train or validate on, so they cannot take part in the training "
+        "(Keras cannot fit or evaluate an empty set, and the other ranks would wait for them); shard the data so "
+        "that every rank gets at least one batch (fewer ranks, or shard by sample rather than by file), or pass no "
+        "validation_data. Raised on every rank at train begin:\n" + "\n".join(lines)
+    )

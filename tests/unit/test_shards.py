@@ -1,0 +1,36 @@
+"""Which of a rank's shards are empty, read from fit's arguments as Keras takes them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_mlflow import shards
+
+
+def test_empty_parts_from_every_form_of_fit_data():
+    tf = pytest.importorskip("tensorflow")
+    x, y = np.zeros((8, 3), "float32"), np.zeros(8)
+    none, nothing = np.zeros((0, 3), "float32"), np.zeros(0)
+    assert shards.empty_parts({"x": x, "validation_data": (x, y)}) == ()
+    assert shards.empty_parts({"x": none, "validation_data": (x, y)}) == ("training",)
+    assert shards.empty_parts({"x": x, "validation_data": (none, nothing)}) == ("validation",)
+    assert shards.empty_parts({"x": {"a": none}, "validation_data": [{"a": none}, nothing]}) == (
+        "training",
+        "validation",
+    )
+    assert shards.empty_parts({"x": [x, x], "validation_data": ([none, none], nothing)}) == ("validation",)
+    empty_dataset = tf.data.Dataset.from_tensor_slices((none, nothing)).batch(4)
+    assert shards.empty_parts({"x": empty_dataset}) == ("training",)
+    assert shards.empty_parts({"x": x, "validation_data": empty_dataset}) == ("validation",)
+    assert shards.empty_parts({"x": tf.constant(none)}) == ("training",)
+    unknown = tf.data.Dataset.from_tensor_slices((x, y)).filter(lambda a, b: True)  # cardinality unknown
+    assert shards.empty_parts({"x": unknown, "validation_data": unknown.repeat()}) == ()
+    assert shards.empty_parts({"x": (i for i in range(3))}) == ()  # a generator is not judged
+    assert shards.empty_parts({"x": x[:1], "validation_split": 0.25}) == ("training",)  # its 1 sample validates
+    assert shards.empty_parts({"x": x, "validation_split": 0.25}) == ()
+
+
+def test_the_message_names_each_empty_rank_and_shard():
+    text = shards.message({3: ("validation",), 1: ("training", "validation")})
+    assert text.endswith("  rank 1: training and validation data is empty\n  rank 3: validation data is empty")
