@@ -63,71 +63,53 @@ def sync(journals: tuple[Path, ...], tracking_uri: str | None, keep: bool, force
     """Upload what training could not deliver, from journal files (default: every journal in
     $HVD_MLFLOW_JOURNAL_DIR, else .hvd_mlflow/journal under the working directory).
 
-    Safe to run again, or after a partial upload: nothing is logged twice. A run that hvd-mlflow created is
-    ended with the training's outcome (KILLED when the training died without one).
+    Only hvd-mlflow journals are touched: any other file is refused, unchanged; a journal's lock and SQLite
+    companions (as a glob gives them) are skipped. Safe to run again, or after a partial upload: nothing is
+    logged twice. A run that hvd-mlflow created is ended with the training's outcome (KILLED when the training
+    died without one). Entries the server refuses for good stay in the journal, and the command fails naming them.
     """
-    paths = list(journals) or journal_module.find()
+    from .syncing import journal_paths
+
+    paths = journal_paths(journals) if journals else journal_module.find()
     if not paths:
         click.echo(f"no journal in {journal_module.default_directory()}: nothing to upload")
         return
-    failures = 0
-    for path in paths:
-        try:
-            _sync_one(path, tracking_uri, keep=keep, force=force)
-        except click.ClickException:
-            raise
-        except Exception as error:  # noqa: BLE001 - go on with the other journals, fail at the end
-            from .redact import redact
-
-            failures += 1
-            click.echo(f"{path}: not uploaded: {redact(str(error))[:500]}", err=True)
-    if failures:
+    problems = [problem for path in paths if (problem := _sync_one(path, tracking_uri, keep=keep, force=force))]
+    if len(problems) == 1:
+        raise click.ClickException(problems[0])
+    for problem in problems:
+        click.echo(problem, err=True)
+    if problems:
         raise click.ClickException(
-            f"{failures} of {len(paths)} journal(s) not fully uploaded (why is said above); nothing is lost: "
+            f"{len(problems)} of {len(paths)} journal(s) not fully uploaded (why is said above); nothing is lost: "
             "run the same command again once that is fixed"
         )
 
 
-def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) -> None:
-    from mlflow import MlflowClient
-
-    from .delivery import Uploader
-    from .limits import for_tracking_uri
-    from .redact import mask_uri
+def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) -> str | None:
+    """Sync one journal, saying what was done; the one-line problem when something is left, else None."""
+    from .redact import redact
+    from .syncing import sync_one
 
     try:
-        journal = journal_module.FileJournal.open(path)
-        journal.meta()
-    except journal_module.STORAGE_ERRORS as error:
-        raise ValueError(f"not an hvd-mlflow journal ({error})") from None
-    if not journal.take_over() and not force:
-        click.echo(f"{path}: skipped, a training still sends from it (its process holds the journal; --force uploads)")
-        journal.close()
-        return
-    meta = journal.meta()
-    uri = tracking_uri or meta.tracking_uri
-    if not tracking_uri and meta.tracking_uri_has_credentials:
-        uri = destination.tracking_uri_from_environment()
-        if not uri:
-            journal.close()
-            raise click.ClickException(
-                f"{path}: its tracking URI carried credentials, which journals never store; "
-                "give it with --tracking-uri or MLFLOW_TRACKING_URI"
-            )
-    if not meta.final_status and not meta.ended:
-        journal.update_meta(final_status="KILLED")  # the training died without an outcome
-    uploader = Uploader(journal, MlflowClient(uri), for_tracking_uri(uri))
-    total = journal.count()
-    with click.progressbar(length=total, label=f"{path.name} -> {mask_uri(uri)}", file=sys.stderr) as bar:
-        while settled := uploader.upload_some():
-            bar.update(settled)
-    uploader.finish()
-    left = journal.count()
-    click.echo(f"{path}: {total - left} entries uploaded to run {uploader.run_id}, {left} left")
-    if left == 0 and not keep:
-        journal.delete()
-    else:
-        journal.close()
+        journal_module.inspect(path)  # before anything is said on stderr: a refusal is one line
+        with click.progressbar(length=0, label=path.name, file=sys.stderr) as bar:
+
+            def progress(done: int, total: int) -> None:
+                bar.length = total
+                bar.update(done - bar.pos)
+
+            result = sync_one(path, tracking_uri, keep=keep, force=force, on_progress=progress)
+    except journal_module.NotAJournal as error:
+        return f"{path}: refused, not an hvd-mlflow journal ({error}); left untouched"
+    except click.ClickException:
+        raise
+    except Exception as error:  # noqa: BLE001 - go on with the other journals, fail at the end
+        return f"{path}: not uploaded: {' '.join(redact(str(error)).split())[:500]}"
+    click.echo(result.summary())
+    for note in result.notes:
+        click.echo(f"{path}: {note}")
+    return result.problem()
 
 
 @main.command("import-csv")

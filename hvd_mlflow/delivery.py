@@ -200,18 +200,41 @@ class Uploader:
                     self._isolate = True
                     self.more_waiting = True
                     return settled
-                self.journal.acknowledge([group[0].seq], state=REJECTED)
-                settled += 1
-                logger.warning(
-                    "hvd-mlflow: the tracking server refused %s at step %s (%s); it is kept in journal %s "
-                    "as rejected and not sent again",
-                    group[0].kind,
-                    group[0].step,
-                    redact(str(error))[:500],
-                    self.journal.location,
-                )
+                settled += self._reject(group[0], error)
         self._isolate = False  # the whole window went through (one by one, if it had to): the refused one is known
         return settled
+
+    def deliver(self, until_done: bool, on_progress: Callable[[int], None] | None = None) -> int:
+        """Upload until nothing that can be sent is pending (``until_done``: ``hvd-mlflow sync``, the end of
+        ``fit``), or, while training, what was pending when it began: entries journaled meanwhile wait for the
+        next call, so short epochs are packed. Either way a backlog longer than one read-ahead window, and the
+        one-by-one search for the entry a server refuses, go on to the end within this call. The one "deliver"
+        loop of the live sender and of ``sync``. Returns how many entries were settled; raises what the client
+        raised on a transient failure (nothing is lost: the entries stay pending)."""
+        settled, idle = 0, False
+        while not self._should_stop():
+            done = self.upload_some()
+            settled += done
+            if done and on_progress is not None:
+                on_progress(done)
+            if not self.more_waiting and not (until_done and done):
+                return settled
+            if not done and idle:  # nothing moved twice in a row: do not spin
+                return settled
+            idle = not done
+        return settled
+
+    def _reject(self, entry: Entry, error: BaseException, what: str = "") -> int:
+        """The server refused ``entry`` for good: marked rejected in the journal with the reason (``sync`` reports
+        it, and keeps the journal), warned about once, never sent again."""
+        reason = " ".join(redact(str(error)).split())[:500]
+        what = what or f"{entry.kind} {', '.join(sorted(entry.payload))[:200]}"
+        if entry.step is not None:
+            what += f" at step {entry.step}"
+        self.journal.acknowledge([entry.seq], state=REJECTED, reason=f"{what}: {reason}")
+        logger.warning("hvd-mlflow: the tracking server refused %s (%s); it is kept in journal %s as rejected and "
+                       "not sent again", what, reason, self.journal.location)  # fmt: skip
+        return 1
 
     def _read_existing(self, run_id: str) -> RunContents:
         """What the run holds already: nothing to read when this uploader created it, nor with ``resume="log"``
@@ -291,7 +314,8 @@ class Uploader:
                 logger.warning("hvd-mlflow: the tracking server refused the artifact %s (%s); its values stay in "
                                "journal %s, marked rejected", self.held_artifact_path, redact(str(error))[:300],
                                self.journal.location)  # fmt: skip
-                self.journal.acknowledge([e.seq for e in held], state=REJECTED)
+                reason = f"the artifact {self.held_artifact_path}: {' '.join(redact(str(error)).split())[:300]}"
+                self.journal.acknowledge([e.seq for e in held], state=REJECTED, reason=reason)
                 return
             else:
                 raise
@@ -360,6 +384,7 @@ class Uploader:
         changed, say) does not take the others with it."""
         from mlflow.entities import Param, RunTag
 
+        refused: list[tuple[str, BaseException]] = []
         for key, value in entry.payload.items():
             item = [Param(key, str(value))] if entry.kind == "params" else [RunTag(key, str(value))]
             try:
@@ -367,16 +392,13 @@ class Uploader:
             except Exception as error:
                 if not is_permanent(error):
                     raise
-                logger.warning(
-                    "hvd-mlflow: the tracking server refused %s %r=%r (%s); the other %s were logged",
-                    entry.kind[:-1],
-                    key,
-                    redact(str(value))[:100],
-                    redact(str(error))[:300],
-                    entry.kind,
-                )
-        self.journal.acknowledge([entry.seq])
-        return 1
+                refused.append((key, error))
+        if not refused:
+            self.journal.acknowledge([entry.seq])
+            return 1
+        keys = ", ".join(key for key, _ in refused)
+        what = f"{entry.kind[:-1]} {keys} (the other {len(entry.payload) - len(refused)} {entry.kind} were logged)"
+        return self._reject(entry, refused[0][1], what)
 
     def _resumed_params(self, params: dict[str, str], first: int) -> dict[str, str]:
         """Params the run already holds: equal ones are dropped; changed ones (MLflow cannot change a param) go to

@@ -67,7 +67,17 @@ CREATE TABLE IF NOT EXISTS entries (
     state INTEGER NOT NULL DEFAULT 0 -- 0 pending, 1 delivered, 2 rejected by the server (warned)
 );
 CREATE INDEX IF NOT EXISTS entries_pending ON entries (state, seq);
+CREATE TABLE IF NOT EXISTS rejections (seq INTEGER PRIMARY KEY, reason TEXT NOT NULL);  -- why, for sync to say
 """
+# What makes a file a journal, checked read-only before ``sync`` opens it for writing: its name, SQLite's header,
+# these columns, and a journal id in its meta (a journal written before the rejections table still is one).
+_REQUIRED_COLUMNS = {"meta": {"key", "value"}, "entries": {"seq", "kind", "step", "timestamp_ms", "payload", "state"}}
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_COMPANION_SUFFIXES = ("-wal", "-shm", "-journal", LOCK_SUFFIX)
+
+
+class NotAJournal(ValueError):
+    """A file ``sync`` was given that is not an hvd-mlflow journal: it is left as it is."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +169,7 @@ class Journal(Protocol):
     ) -> int: ...
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]: ...
     def count(self, state: int = PENDING) -> int: ...
-    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None: ...
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
     def close(self) -> None: ...
 
 
@@ -172,6 +182,48 @@ def find(directory: Path | None = None) -> list[Path]:
     """The journal files in ``directory`` (default: :func:`default_directory`), oldest first."""
     directory = directory or default_directory()
     return sorted(directory.glob("*" + SUFFIX)) if directory.is_dir() else []
+
+
+def companion_of(path: Path) -> Path | None:
+    """The journal ``path`` belongs to when it is one of a journal's companions (its lock, SQLite's WAL, shared
+    memory or rollback journal), else None."""
+    for suffix in _COMPANION_SUFFIXES:
+        if path.name.endswith(SUFFIX + suffix):
+            return path.with_name(path.name[: -len(suffix)])
+    return None
+
+
+def inspect(path: Path) -> JournalMeta:
+    """The meta of the journal at ``path``, read without writing to the file; :class:`NotAJournal` (saying why)
+    when it is not an hvd-mlflow journal. Only a file that passes is ever opened for writing by ``sync``."""
+    if not path.name.endswith(SUFFIX):
+        raise NotAJournal(f"its name does not end in {SUFFIX}")
+    try:
+        with path.open("rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+    except OSError as error:
+        raise NotAJournal(f"it cannot be read: {error.strerror or error}") from None
+    if header != _SQLITE_HEADER:
+        raise NotAJournal("it is not an SQLite file")
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error as error:
+        raise NotAJournal(f"SQLite cannot open it: {error}") from None
+    try:
+        for table, needed in _REQUIRED_COLUMNS.items():
+            columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            if not needed <= columns:
+                raise NotAJournal(f"it has no hvd-mlflow {table!r} table")
+        meta = JournalMeta.from_rows(dict(db.execute("SELECT key, value FROM meta")))
+    except sqlite3.Error as error:
+        raise NotAJournal(f"SQLite cannot read it: {error}") from None
+    except (ValueError, TypeError) as error:
+        raise NotAJournal(f"its meta is not an hvd-mlflow journal's: {error}") from None
+    finally:
+        db.close()
+    if not meta.journal_id:
+        raise NotAJournal("its meta has no journal id")
+    return meta
 
 
 class FileJournal:
@@ -304,12 +356,25 @@ class FileJournal:
     def count(self, state: int = PENDING) -> int:
         return int(self._db.execute("SELECT COUNT(*) FROM entries WHERE state = ?", (state,)).fetchone()[0])
 
-    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None:
+        """Mark entries delivered, or rejected (``reason``: the server's answer, kept for ``sync`` to report)."""
         rows = [(state, s) for s in seqs]
         if not rows:
             return
         with self._transaction():
             self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", rows)
+            if state == REJECTED and reason:
+                self._db.executemany("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)",
+                                     [(seq, reason) for _, seq in rows])  # fmt: skip
+
+    def rejected(self, limit: int = 100) -> list[tuple[Entry, str]]:
+        """Up to ``limit`` entries the server refused for good, oldest first, with the reason it gave."""
+        rows = self._db.execute(
+            "SELECT e.seq, e.kind, e.step, e.timestamp_ms, e.payload, COALESCE(r.reason, 'no reason recorded') "
+            "FROM entries e LEFT JOIN rejections r ON r.seq = e.seq WHERE e.state = ? ORDER BY e.seq LIMIT ?",
+            (REJECTED, limit),
+        )
+        return [(Entry(seq, kind, step, ts, json.loads(payload)), why) for seq, kind, step, ts, payload, why in rows]
 
     def close(self) -> None:
         self._db.close()
@@ -397,7 +462,7 @@ class MemoryJournal:
         with self._lock:
             return len(self._entries) if state == PENDING else self._counts.get(state, 0)
 
-    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None:
         with self._lock:
             for seq in seqs:
                 found = self._entries.pop(seq, None)
@@ -508,8 +573,8 @@ class LiveJournal:
         self._last_seq = max(self._last_seq, seq)
         return seq
 
-    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED) -> None:
-        self._call("acknowledge", list(seqs), state=state)
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None:
+        self._call("acknowledge", list(seqs), state=state, reason=reason)
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
         return self._call("pending", limit, kinds=kinds)

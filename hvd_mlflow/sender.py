@@ -218,11 +218,7 @@ class Sender:
         try:
             self.run_id = uploader.ensure_run()
             self._run_opened.set()
-            settled = 0
-            while not self._stopping and (done := uploader.upload_some()):
-                settled += done
-                if not (closing or uploader.more_waiting):
-                    break  # what arrived during this delivery waits for the next one: short epochs are packed
+            settled = uploader.deliver(until_done=closing)  # while training, short epochs are packed
             if self._backoff.succeeded():
                 logger.warning("hvd-mlflow: the tracking server answers again; the backlog was sent")
             if closing and not self._stopping:

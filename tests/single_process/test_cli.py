@@ -91,7 +91,7 @@ def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
         "plot of an unknown run": (["plot", unknown, "-o", str(tmp_path / "x.png")], f"id={unknown} not found"),
         "import-csv without an epoch column": (["import-csv", str(no_epoch), "--experiment", "x"], "no 'epoch' column"),
         "import-csv into an unknown run": (["import-csv", str(good), "--run-id", unknown], "not found"),
-        "sync of a file that is not a journal": (["sync", str(not_a_journal)], "not fully uploaded"),
+        "sync of a file that is not a journal": (["sync", str(not_a_journal)], "not an hvd-mlflow journal"),
     }
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}
     for case, (args, said) in cases.items():
@@ -100,7 +100,7 @@ def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
         assert done.returncode == 1, case
         assert "Traceback" not in done.stderr + done.stdout, case
         assert len(errors) == 1 and said in errors[0], (case, done.stderr)
-    assert "not an hvd-mlflow journal" in done.stderr  # the last case says why, on its own line
+    assert "it is not an SQLite file" in done.stderr and "left untouched" in done.stderr  # the last case says why
 
 
 def test_the_troubleshooting_logging_recipe_works(tmp_path):
@@ -117,3 +117,126 @@ def test_the_troubleshooting_logging_recipe_works(tmp_path):
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "10"
+
+
+def _runs_in(client, experiment_id: str) -> list:
+    return client.search_runs([experiment_id])
+
+
+def _sync(cwd: Path, *args: str | Path, url: str) -> subprocess.CompletedProcess:
+    env = {**clean_environment(), "MLFLOW_TRACKING_URI": url}
+    return subprocess.run([CLI, "sync", *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_sync_refuses_what_is_not_a_journal_and_leaves_it_byte_for_byte(tmp_path, mlflow_server, client):
+    """A user's SQLite database (under its own name, and named like a journal), a text file: each refused with one
+    line, the file unchanged byte for byte and no companion created beside it, no run anywhere (a journal without
+    a tracking URI would have gone to MLflow's default store in the working directory, or to MLFLOW_TRACKING_URI).
+    It deleted the user's database and created a KILLED run."""
+    import sqlite3
+
+    users = tmp_path / "users_data.sqlite"
+    with sqlite3.connect(users) as db:
+        db.execute("CREATE TABLE people (name TEXT)")
+        db.execute("INSERT INTO people VALUES ('ada')")
+    db.close()
+    named_like_one = tmp_path / "mine.journal.sqlite"
+    named_like_one.write_bytes(users.read_bytes())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n")
+    runs_before = len(_runs_in(client, "0"))
+    for path in (users, named_like_one, notes):
+        before = path.read_bytes()
+        done = _sync(tmp_path, path, url=mlflow_server.url)
+        assert done.returncode == 1, (path, done.stdout, done.stderr)
+        assert done.stderr.count("\n") == 1 and "not an hvd-mlflow journal" in done.stderr, done.stderr
+        assert str(path) in done.stderr and "Traceback" not in done.stderr
+        assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.journal.sqlite", "notes.txt", "users_data.sqlite"]
+    assert len(_runs_in(client, "0")) == runs_before
+
+
+def test_sync_of_a_glob_over_the_journal_folder_syncs_each_journal_once(tmp_path, mlflow_server, client):
+    """``hvd-mlflow sync .hvd_mlflow/journal/*``: the journal, its lock and SQLite's -wal/-shm (a reader holds them
+    open). One run, the journal's points, nothing said about the companions. It synced the lock as an empty
+    journal: a second, empty run."""
+    import sqlite3
+
+    from hvd_mlflow.journal import FileJournal, JournalMeta
+
+    folder = tmp_path / ".hvd_mlflow" / "journal"
+    experiment = client.create_experiment(f"glob-{uuid.uuid4().hex[:8]}")
+    journal = FileJournal.create(folder, JournalMeta.new(tracking_uri=mlflow_server.url, experiment_id=experiment,
+                                                         final_status="FINISHED"))  # fmt: skip
+    for step in range(3):
+        journal.append("metrics", {"loss": 1.0 / (step + 1)}, step=step, timestamp_ms=1000 + step)
+    journal.close()
+    reader = sqlite3.connect(journal.path)  # keeps -wal and -shm in the folder
+    reader.execute("SELECT COUNT(*) FROM entries").fetchone()
+    try:
+        names = sorted(p.name[len(journal.path.name) :] for p in folder.iterdir())
+        assert names == ["", "-shm", "-wal", ".lock"]
+        done = _sync(tmp_path, *sorted(folder.iterdir()), url=mlflow_server.url)
+    finally:
+        reader.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("entries uploaded") == 1 and ".lock" not in done.stdout + done.stderr
+    runs = _runs_in(client, experiment)
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, "loss")] == [
+        (0, 1.0), (1, 0.5), (2, 1.0 / 3)]  # fmt: skip
+    assert not (tmp_path / "mlruns").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+def test_sync_of_a_glob_beside_a_live_writer_skips_it_and_keeps_its_lock(tmp_path, mlflow_server, client):
+    """A journal a training still writes (this process holds its lock): ``sync folder/*`` skips it, creates no run,
+    and leaves its lock, so other hosts still see the writer; the writer goes on. It synced the lock file as an
+    empty journal into a new run and deleted it."""
+    from hvd_mlflow.journal import FileJournal, JournalMeta, writer_state
+
+    folder = tmp_path / ".hvd_mlflow" / "journal"
+    experiment = client.create_experiment(f"live-{uuid.uuid4().hex[:8]}")
+    journal = FileJournal.create(folder, JournalMeta.new(tracking_uri=mlflow_server.url, experiment_id=experiment))
+    journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1000)
+    runs_before = len(_runs_in(client, "0"))
+    done = _sync(tmp_path, *sorted(folder.iterdir()), url=mlflow_server.url)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("skipped, a training still sends from it") == 1, done.stdout
+    assert "uploaded" not in done.stdout and ".lock" not in done.stdout + done.stderr
+    assert writer_state(journal.path) == "alive"
+    journal.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=1001)
+    assert journal.count() == 2
+    journal.close()
+    assert _runs_in(client, experiment) == [] and len(_runs_in(client, "0")) == runs_before
+
+
+def test_sync_goes_on_past_a_refused_entry_and_says_what_is_left_and_why(tmp_path, mlflow_server, client):
+    """The issue's reproduction: the run holds initial_epoch=0; the journal (resume='log') has params
+    initial_epoch=5, a tag and a metric. The params entry is refused for good (MLflow cannot change a param): the
+    tag and the metric are delivered in the same sync, the refused entry is named with the server's reason, kept
+    in the journal, and sync exits 1; a second sync sends nothing and says the same. It printed '0 entries
+    uploaded ..., 3 left' twice with rc 0, and the metric was never sent."""
+    from hvd_mlflow.journal import REJECTED, FileJournal, JournalMeta
+
+    run_id = client.create_run(client.create_experiment(f"refused-{uuid.uuid4().hex[:8]}")).info.run_id
+    client.log_param(run_id, "initial_epoch", "0")
+    journal = FileJournal.create(tmp_path / "j", JournalMeta.new(tracking_uri=mlflow_server.url, run_id=run_id,
+                                                                 created_run=True, resume="log"))  # fmt: skip
+    journal.append("params", {"initial_epoch": "5"})
+    journal.append("tags", {"t": "1"})
+    journal.append("metrics", {"loss": 1.0}, step=5, timestamp_ms=1000)
+    journal.close()
+    for attempt in range(2):
+        done = _sync(tmp_path, journal.path, url=mlflow_server.url)
+        assert done.returncode == 1, (attempt, done.stdout, done.stderr)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+        assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr
+        assert "refused" in errors[0] and "initial_epoch" in errors[0] and "Changing param values" in errors[0]
+        assert str(journal.path) in errors[0]
+    run = client.get_run(run_id)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(5, 1.0)]
+    assert run.data.params == {"initial_epoch": "0"} and run.data.tags["t"] == "1"
+    assert run.info.status == "KILLED"  # everything else delivered: the run is ended with the outcome
+    kept = FileJournal.open(journal.path)
+    assert kept.count() == 0 and kept.count(REJECTED) == 1
+    kept.close()
