@@ -37,3 +37,44 @@ def test_every_write_path_is_a_no_op_on_rank_1_and_the_rank_is_asked_at_each_cal
     names = sorted(e.name for e in client.search_experiments())
     assert names == ["Default", "written-as-rank-0", "written-by-the-sender"], names
     assert client.search_runs(["0", internal_experiment]) == []  # no stray run, no stray point
+
+
+def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypatch):
+    import mlflow.pyfunc
+    from mlflow.entities import Experiment, LoggedModel, Run
+    from mlflow.entities.model_registry import ModelVersion, RegisteredModel
+    from mlflow.models.model import ModelInfo
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.setattr(guard.topology, "current", lambda: Topology(1, 2, 1, "test"))
+    guard.install(1, None, job_mode=False)
+    try:
+        experiment = mlflow.set_experiment("x")
+        assert isinstance(experiment, Experiment) and (experiment.name, experiment.experiment_id) == ("x", "0")
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "17")  # the job's experiment
+        assert mlflow.set_experiment("y").experiment_id == "17"
+        assert mlflow.set_experiment(experiment_id="5").experiment_id == "5"
+        with mlflow.start_run(run_name="r") as run:
+            assert (run.info.experiment_id, run.info.run_name, run.info.status) == ("5", "r", "RUNNING")
+            assert mlflow.log_param("k", 3) == 3
+            info = mlflow.pyfunc.log_model(name="net", python_model=object())  # nothing is saved: any object will do
+        assert isinstance(info, ModelInfo) and info.artifact_path == "net" and info.model_uri.startswith("models:/m-")
+        assert info.model_id == info.model_uri.split("/")[-1] and "python_function" in info.flavors
+        assert info.run_id == run.info.run_id
+        client = MlflowClient()
+        assert isinstance(mlflow.create_experiment("z"), str) and isinstance(client.create_experiment("z"), str)
+        assert isinstance(client.create_run("5"), Run) and client.log_param("run", "k", "v") == "v"
+        model = client.create_logged_model("5", name="m", params={"a": 1})
+        assert isinstance(model, LoggedModel) and model.params == {"a": "1"} and model.name == "m"
+        assert isinstance(client.create_registered_model("reg"), RegisteredModel)
+        version = client.create_model_version("reg", "models:/m-1", run_id="run")
+        assert isinstance(version, ModelVersion) and (version.name, version.run_id) == ("reg", "run")
+        assert mlflow.log_metric("m", 1.0) is None
+    finally:
+        guard.uninstall()
+        mlflow.set_tracking_uri(None)
+    client = MlflowClient(uri)
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    assert client.search_runs(["0"]) == [] and client.search_registered_models() == []
