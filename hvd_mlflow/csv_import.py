@@ -29,22 +29,52 @@ class Imported:
 
 
 def read_csv_logger(path: Path) -> list[dict[str, float]]:
-    """Rows of a CSVLogger file as ``{"epoch": e, key: value, ...}``; empty and ``NA`` cells are left out."""
+    """Rows of a CSVLogger file as ``{"epoch": e, key: value, ...}``; empty and ``NA`` cells are left out.
+
+    A file it cannot read (no ``epoch`` column, a row with more or fewer cells than the header, an epoch that is
+    not a number, not CSV at all) raises a :class:`ValueError` naming the file and the row (the header is row 1).
+    """
     with path.open(newline="") as handle:
         sample = handle.read(4096)
         handle.seek(0)
-        dialect = csv.Sniffer().sniff(sample, delimiters=",;\t") if sample else csv.excel
-        rows = []
-        for raw in csv.DictReader(handle, dialect=dialect):
-            if raw.get("epoch") in (None, ""):
-                raise ValueError(f"{path}: no 'epoch' column; is it a Keras CSVLogger file?")
-            row = {"epoch": int(float(raw["epoch"]))}
-            for key, text in raw.items():
-                value = scalar(_number(text))
-                if key != "epoch" and value is not None:
-                    row[key] = value
-            rows.append(row)
+        reader = csv.reader(handle, dialect=_dialect(sample))
+        try:
+            header = next(reader, None)
+            if not header or "epoch" not in header:
+                raise ValueError(f"{path}: row 1: no 'epoch' column; is it a Keras CSVLogger file?")
+            rows = [_row(path, reader.line_num, header, cells) for cells in reader if cells]
+        except csv.Error as error:
+            raise ValueError(f"{path}: row {reader.line_num}: not readable as CSV ({error})") from None
     return rows
+
+
+def _dialect(sample: str) -> type[csv.Dialect] | csv.Dialect:
+    """The file's delimiter as the sniffer finds it; a comma when it cannot tell (one column, a ragged file)."""
+    try:
+        return csv.Sniffer().sniff(sample, delimiters=",;\t") if sample else csv.excel
+    except csv.Error:
+        first = sample.splitlines()[0] if sample else ""
+        for delimiter in ",;\t":  # the header's delimiter, when the sniffer was put off by a ragged row
+            if delimiter in first:
+                dialect = csv.excel()
+                dialect.delimiter = delimiter
+                return dialect
+        return csv.excel
+
+
+def _row(path: Path, line: int, header: list[str], cells: list[str]) -> dict[str, float]:
+    if len(cells) != len(header):
+        raise ValueError(f"{path}: row {line} has {len(cells)} fields, the header {len(header)}")
+    raw = dict(zip(header, cells, strict=True))
+    epoch = _number(raw["epoch"])
+    if epoch is None:
+        raise ValueError(f"{path}: row {line}: epoch {raw['epoch']!r} is not a number")
+    row = {"epoch": int(epoch)}
+    for key, text in raw.items():
+        value = scalar(_number(text))
+        if key != "epoch" and value is not None:
+            row[key] = value
+    return row
 
 
 def _number(text: str | None) -> float | None:

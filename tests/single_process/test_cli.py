@@ -84,6 +84,10 @@ def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
     no_epoch.write_text("step,loss\n0,1\n")
     good = tmp_path / "training_metrics.csv"
     good.write_text("epoch,loss\n0,1.0\n1,0.5\n")
+    one_column = tmp_path / "one_column.csv"
+    one_column.write_text("loss\n1.0\n0.5\n")
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("epoch,loss\n0,1.0\n1,0.5,9\n")
     not_a_journal = tmp_path / "x.journal.sqlite"
     not_a_journal.write_text("this is not SQLite")
     unknown = "0" * 32
@@ -91,6 +95,15 @@ def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
         "plot of an unknown run": (["plot", unknown, "-o", str(tmp_path / "x.png")], f"id={unknown} not found"),
         "import-csv without an epoch column": (["import-csv", str(no_epoch), "--experiment", "x"], "no 'epoch' column"),
         "import-csv into an unknown run": (["import-csv", str(good), "--run-id", unknown], "not found"),
+        # these two said 'Error: Error: Could not determine delimiter'
+        "import-csv of a one-column file": (
+            ["import-csv", str(one_column), "--experiment", "x"],
+            f"{one_column}: row 1: no 'epoch' column",
+        ),
+        "import-csv of a ragged file": (
+            ["import-csv", str(ragged), "--experiment", "x"],
+            f"{ragged}: row 3 has 3 fields, the header 2",
+        ),
         "sync of a file that is not a journal": (["sync", str(not_a_journal)], "not an hvd-mlflow journal"),
     }
     env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}
