@@ -33,13 +33,16 @@ run_suite() {  # label python [env...]
   env "$@" "$python" -m pytest -q -p no:cacheprovider --durations=12 --junitxml="$reports/$label.xml" "${pytest_args[@]}" || status=1
   echo "== $label: $(( $(date +%s) - t0 )) s"
 }
-pytest_args=("$@")
 # The fault-injection suite tests rank 0's delivery, the browser test reads what the MLflow UI draws, the docs test
 # runs the docs' code blocks, and the tests marked "once" (AzureML's limits, the guard on rank 1, the 8-rank golden
 # case, throttling) check what the Keras flavour does not change: they run once, in the primary environment.
+# The multi-node suite (Open MPI over network namespaces) runs once, in the tf_keras environment (AzureML's
+# default); the one-host mpirun test runs where Horovod has MPI (tf_keras) and where it has not (TF 2.15).
+pytest_args=(-m "not multinode and not mpirun" "$@")
 run_suite keras3 "$venv/bin/python" TF_USE_LEGACY_KERAS=0
-pytest_args=(-m "not faults and not browser and not docs and not once" "$@")
+pytest_args=(-m "multinode or mpirun or not (faults or browser or docs or once)" "$@")
 run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
+pytest_args=(-m "mpirun or not (faults or browser or docs or once or multinode)" "$@")
 run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
 
 echo "== benchmarks, quick mode (TF 2.15: the only environment where the seed recipe runs)"

@@ -66,14 +66,14 @@ def token(seconds: int = 3600) -> str:
     return jwt.encode({"exp": int(time.time()) + seconds, "aud": "https://management.azure.com"}, SECRET, "HS256")
 
 
-def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
+def self_signed_certificate(folder: Path, host: str = "localhost", address: str = "127.0.0.1") -> tuple[Path, Path]:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
     from cryptography.x509.oid import NameOID
 
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (
         x509.CertificateBuilder()
@@ -84,7 +84,7 @@ def self_signed_certificate(folder: Path) -> tuple[Path, Path]:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            x509.SubjectAlternativeName([x509.DNSName(host), x509.IPAddress(ipaddress.ip_address(address))]),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
@@ -118,8 +118,12 @@ class AzureMLFront(Proxy):
         fault: Fault | None = None,
         max_rows_per_metric: int = ROWS_PER_METRIC,
         refuse_metric_names: tuple[str, ...] = (),
+        host: str = "localhost",
+        address: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
-        self.cert, self._key = self_signed_certificate(folder)
+        self.host = host  # the name the clients use (the certificate's), listening on ``address``
+        self.cert, self._key = self_signed_certificate(folder, host, address)
         self.rejected: list[tuple[str, str]] = []
         self.over_limit: list[str] = []  # the limit messages answered (a 400 each)
         self.artifact_dir = folder / "blobs"
@@ -129,8 +133,8 @@ class AzureMLFront(Proxy):
         self._writes = threading.Lock()  # check, forward, count: one write at a time
         self._storm: tuple[float, int] | None = None  # (until, Retry-After seconds)
         self.storm_answers = 0
-        super().__init__(upstream, fault=fault, host="127.0.0.1")
-        self.url = f"https://localhost:{self.port}"
+        super().__init__(upstream, fault=fault, host=address, port=port)
+        self.url = f"https://{host}:{self.port}"
 
     def storm(self, seconds: float, retry_after: int = 2) -> None:
         """Answer 429 with ``Retry-After`` to every request for ``seconds`` from now (AzureML throttling)."""
@@ -149,14 +153,14 @@ class AzureMLFront(Proxy):
     @property
     def tracking_uri(self) -> str:
         return (
-            f"azureml://localhost:{self.port}/mlflow/v1.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
+            f"azureml://{self.host}:{self.port}/mlflow/v1.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
             f"{RESOURCE_GROUP}/providers/Microsoft.MachineLearningServices/workspaces/{WORKSPACE}"
         )
 
     def artifact_location(self, experiment_name: str) -> str:
         """The artifact location AzureML gives an experiment: runs' artifacts go through the artifact service."""
         return (
-            f"azureml://localhost:{self.port}/mlflow/v2.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
+            f"azureml://{self.host}:{self.port}/mlflow/v2.0/subscriptions/{SUBSCRIPTION}/resourceGroups/"
             f"{RESOURCE_GROUP}/providers/Microsoft.MachineLearningServices/workspaces/{WORKSPACE}/experiments/"
             f"{experiment_name}/runs"
         )
@@ -212,7 +216,11 @@ class AzureMLFront(Proxy):
         answer = {
             "artifacts": {p: {**info, "path": p, "artifactId": f"ExperimentRun/{container}/{p}"} for p in paths},
             "artifactContentInformation": {
-                p: {**info, "path": p, "contentUri": f"https://localhost:{self.port}/blob/{container}/{p}?sig=offline"}
+                p: {
+                    **info,
+                    "path": p,
+                    "contentUri": f"https://{self.host}:{self.port}/blob/{container}/{p}?sig=offline",
+                }
                 for p in paths
             },
             "errors": {},

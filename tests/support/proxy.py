@@ -71,6 +71,7 @@ class Proxy:
         self.upstream = urlsplit(upstream)
         self.fault = fault
         self.requests: list[Recorded] = []
+        self.connections: list[str] = []  # the peer address of every TCP connection accepted, in order
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._host = host
@@ -155,6 +156,7 @@ class Proxy:
                 super().setup()
                 with proxy._lock:
                     proxy._open.add(self.connection)
+                    proxy.connections.append(self.client_address[0])
 
             def finish(self) -> None:
                 with proxy._lock:

@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ record: dict = {
     "epoch_end_s": [],
 }
 ODD_NAMES = ["acc@5", "f(1)", "val loss", "précision", "top 1/err"]
+UNEVEN_SIZES = (100, 37, 64, 23)  # --uneven: each rank's training samples (its validation shard: half)
 
 
 def save(out: Path) -> None:
@@ -175,7 +177,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--audit", action="store_true", help="record every socket connect and lookup")
     parser.add_argument("--stray-writers", action="store_true", help="mlflow.log_metric + mlflow autolog on all ranks")
     parser.add_argument("--no-validation", action="store_true")
-    parser.add_argument("--uneven", action="store_true", help="rank 0: 100 samples, rank 1: 37; AUC etc.; lr 0")
+    parser.add_argument("--uneven", action="store_true", help="ranks 0-3: UNEVEN_SIZES samples; AUC etc.; lr 0")
     parser.add_argument("--reduction", default=None)
     parser.add_argument("--early-stopping", action="store_true", help="EarlyStopping(val_loss), noisy shards")
     parser.add_argument("--lr-schedule", action="store_true", help="learning rate 0.1 * 0.9 ** step")
@@ -238,7 +240,7 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
     return callbacks
 
 
-def record_union_evaluation(model, sizes: tuple[int, int]) -> None:
+def record_union_evaluation(model, sizes: tuple[int, ...]) -> None:
     """The same weights evaluated in one process on every rank's samples together: the truth of --uneven."""
     union = [data(r, sizes[r]) for r in range(hvd.size())]
     union_val = [data(r, sizes[r] // 2, seed=10) for r in range(hvd.size())]
@@ -251,6 +253,7 @@ def record_union_evaluation(model, sizes: tuple[int, int]) -> None:
 def record_process_state() -> None:
     """What the process holds once training is over: threads, and whether AzureML's plugin was loaded."""
     record["size"] = hvd.size()
+    record["host"] = socket.gethostname()
     record["finished"] = True
     record["threads"] = sorted(t.name for t in threading.enumerate())
     auth = sys.modules.get("azureml.mlflow._common._authentication.azureml_token_authentication")
@@ -276,7 +279,7 @@ def main() -> None:
     spy(args)
     keras.utils.set_random_seed(7)
     model = compiled_model(args, rank)
-    sizes = (100, 37) if args.uneven else (args.samples, args.samples)
+    sizes = UNEVEN_SIZES[: hvd.size()] if args.uneven else (args.samples,) * hvd.size()
     x, y = data(rank, sizes[rank])
     xv, yv = data(rank, sizes[rank] // 2, seed=10)
     callbacks = fit_callbacks(args, model, options)
