@@ -8,9 +8,9 @@ Scenarios (each rank writes ``rank<R>.json`` in ``--out``):
   artifacts, ``MlflowClient`` calls that use what the earlier calls returned), around an autologged ``fit``.
   ``--rank1-uri`` points rank 1 at its own tracking URI (a recording proxy). Records every call's error and what
   the results held.
-* ``empty-shard``: rank 1's training (``--empty training``) or validation (``--empty validation``) shard is
-  empty, as when a dataset is sharded over more ranks than it has files. Records what ``fit`` did on each rank:
-  its error, or the values every rank's later callbacks saw, and Keras' own local values.
+* ``empty-shard``: one fit per part named in ``--empty`` (``validation,training``), each with rank 1's shard of
+  that part empty, as when a dataset is sharded over more ranks than it has files. Records, per fit, what ``fit``
+  did on each rank: its error, or the values every rank's later callbacks saw, and Keras' own local values.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def tutorial(args: argparse.Namespace, record: Record) -> None:
 class Seen(keras.callbacks.Callback):
     """What a later callback sees at each epoch end (the values hvd-mlflow wrote back)."""
 
-    def __init__(self, record: Record) -> None:
+    def __init__(self, record: dict) -> None:
         super().__init__()
         self.record = record
 
@@ -105,22 +105,26 @@ class Seen(keras.callbacks.Callback):
 def empty_shard(args: argparse.Namespace, record: Record) -> None:
     rank = hvd.rank()
     hvd_mlflow.autolog()
-    spy_local_logs(record)
-    model = small_model()
-    x, y = data(rank, 48)
-    xv, yv = data(rank, 24, seed=10)
-    if rank == 1 and args.empty == "training":
-        x, y = x[:0], y[:0]
-    if rank == 1 and args.empty == "validation":
-        xv, yv = xv[:0], yv[:0]
-    start = time.monotonic()
-    try:
-        model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=[Seen(record)],
-                  verbose=0)  # fmt: skip
-        record["error"] = None
-    except Exception as error:  # noqa: BLE001 - recorded for the test
-        record["error"] = [f"{type(error).__module__}.{type(error).__name__}", str(error)]
-    record["seconds"] = time.monotonic() - start
+    spy_local_logs(record)  # Keras' own epoch logs, one list per fit that Keras began, under record["local"]
+    for empty in args.empty.split(","):
+        fit: dict[str, object] = {}
+        model = small_model()
+        x, y = data(rank, 48)
+        xv, yv = data(rank, 24, seed=10)
+        if rank == 1 and empty == "training":
+            x, y = x[:0], y[:0]
+        if rank == 1 and empty == "validation":
+            xv, yv = xv[:0], yv[:0]
+        start = time.monotonic()
+        try:
+            model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=[Seen(fit)],
+                      verbose=0)  # fmt: skip
+            fit["error"] = None
+        except Exception as error:  # noqa: BLE001 - recorded for the test
+            fit["error"] = [f"{type(error).__module__}.{type(error).__name__}", str(error)]
+        fit["seconds"] = time.monotonic() - start
+        record.setdefault("fits", {})[empty] = fit
+        record.save()
     record["finished"] = True
     record.save()
 
@@ -135,7 +139,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rank1-uri", default="")
     parser.add_argument("--experiment", default="tutorial")
-    parser.add_argument("--empty", choices=["training", "validation"], default="validation")
+    parser.add_argument("--empty", default="validation,training", help="comma-separated: training, validation")
     args = parser.parse_args()
     hvd.init()
     logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
