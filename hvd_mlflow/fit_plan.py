@@ -7,8 +7,8 @@ restored it yet) and the batch-logging interval (raised to keep within the serve
 the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
 takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and every rank sees whether the
 ranks' options differ, or whether any rank's training or validation shard is empty, and raises the same error if
-so (never a hang, never one rank alone). The batch clock follows from the agreed
-plan and the compile arguments, which every rank has alike.
+so (never a hang, never one rank alone). The batch clock follows from the agreed plan and the compile arguments,
+which every rank has alike.
 """
 
 from __future__ import annotations
