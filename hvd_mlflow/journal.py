@@ -55,6 +55,7 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
 # A journal kept in memory holds at most this many unsent metric values (about 100 bytes each); past it the
 # oldest unsent epochs are dropped, and counted.
 MEMORY_MAX_POINTS = 200_000
+WRITE_BACK_TIMEOUT_S = 2.0  # at release, how long writing back what memory did may wait for the file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -116,6 +117,8 @@ class JournalMeta:
     max_rows_per_metric: int | None = None
     final_status: str | None = None  # FINISHED / FAILED / KILLED once the training's outcome is known
     ended: bool = False  # the run was ended (or, not ours, left as it is) after everything was delivered
+    moved_to_memory: bool = False  # the training journaled in memory after the file failed; what it did there
+    # (acknowledgements, entries, the outcome) was written back into the file when the process released it
 
     @classmethod
     def new(cls, **fields: Any) -> JournalMeta:
@@ -260,9 +263,9 @@ class FileJournal:
         return journal
 
     @classmethod
-    def open(cls, path: Path | str) -> FileJournal:
-        """An existing journal (for ``sync``)."""
-        db = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+    def open(cls, path: Path | str, timeout: float = 60) -> FileJournal:
+        """An existing journal (for ``sync``); ``timeout``: how long a statement waits for another writer."""
+        db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
@@ -366,6 +369,22 @@ class FileJournal:
             if state == REJECTED and reason:
                 self._db.executemany("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)",
                                      [(seq, reason) for _, seq in rows])  # fmt: skip
+
+    def write_back(self, settled: Iterable[tuple[int, int, str | None]], entries: Iterable[Entry],
+                   meta: JournalMeta) -> None:  # fmt: skip
+        """What a memory journal did after this file failed, in one transaction: ``settled`` (seq, state,
+        reason) acknowledgements of the file's entries, the ``entries`` still pending (those journaled in memory
+        are added, with their sequence numbers), and the meta."""
+        with self._transaction():
+            for seq, state, reason in settled:
+                self._db.execute("UPDATE entries SET state = ? WHERE seq = ?", (state, seq))
+                if state == REJECTED and reason:
+                    self._db.execute("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)", (seq, reason))
+            self._db.executemany(
+                "INSERT OR IGNORE INTO entries (seq, kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?, ?)",
+                [(e.seq, e.kind, e.step, e.timestamp_ms, json.dumps(e.payload, allow_nan=True)) for e in entries],
+            )
+            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.to_rows().items())
 
     def rejected(self, limit: int = 100) -> list[tuple[Entry, str]]:
         """Up to ``limit`` entries the server refused for good, oldest first, with the reason it gave."""
@@ -491,6 +510,10 @@ class LiveJournal:
         self._last_meta = journal.meta()
         self._last_seq = 0  # the highest sequence number handed out: a memory journal continues after it
         self._released = False
+        # after a fall-back: the file's entries the memory journal took over, and what became of them there
+        # (seq -> state, reason), written back into the file at release
+        self._taken: set[int] = set()
+        self._settled: dict[int, tuple[int, str | None]] = {}
 
     @classmethod
     def open_new(cls, directory: Path, meta: JournalMeta) -> LiveJournal:
@@ -545,6 +568,7 @@ class LiveJournal:
             meta = self._last_meta
         memory = MemoryJournal.taking_over(file, meta)
         memory.continue_after(self._last_seq)
+        self._taken = {entry.seq for entry in memory.pending(limit=10**9)}
         self._current = memory
         self.fallback_reason = f"{type(error).__name__}: {error}"
         logger.warning(
@@ -574,7 +598,11 @@ class LiveJournal:
         return seq
 
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None:
-        self._call("acknowledge", list(seqs), state=state, reason=reason)
+        seqs = list(seqs)
+        with self._lock:
+            self._call("acknowledge", seqs, state=state, reason=reason)
+            if self.in_memory:  # bounded: at most the file's pending entries when it failed
+                self._settled.update((seq, (state, reason)) for seq in seqs if seq in self._taken)
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
         return self._call("pending", limit, kinds=kinds)
@@ -594,8 +622,34 @@ class LiveJournal:
             current = self._current
             if delete and (current is self.file or (isinstance(current, MemoryJournal) and current.took_all)):
                 self.file.delete()
-            else:
-                self.file.close()
+                return
+            if isinstance(current, MemoryJournal):
+                self._write_back(current)
+            self.file.close()
+
+    def _write_back(self, memory: MemoryJournal) -> None:
+        """Record in the file, through a new connection (the failed one may be unusable), what the memory journal
+        did: so ``sync`` neither resends what it delivered, nor loses what it journaled, nor ends a run whose
+        outcome it knew as KILLED. When the file still cannot be written it keeps its stale entries (``sync``
+        then relies on the run's contents and status), and one warning says so."""
+        assert self.file is not None
+        settled = [(seq, state, reason) for seq, (state, reason) in self._settled.items()]
+        try:
+            again = FileJournal.open(self.file.path, timeout=WRITE_BACK_TIMEOUT_S)
+            try:
+                again.write_back(settled, memory.pending(limit=10**9),
+                                 dataclasses.replace(memory.meta(), moved_to_memory=True))  # fmt: skip
+            finally:
+                again.close()
+        except STORAGE_ERRORS as error:
+            logger.warning(
+                "hvd-mlflow: could not write back into the journal %s what was journaled in memory (%s: %s); "
+                "`hvd-mlflow sync` of it may send entries again that were delivered (points already in the run are "
+                "skipped unless resume='log')",
+                self.file.path,
+                type(error).__name__,
+                error,
+            )
 
 
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)

@@ -165,7 +165,12 @@ class Sender:
         self.journal.release(delete=self.delivered_all)
 
     def _warn_undelivered(self, left: int) -> None:
-        if self.journal.in_memory:
+        if self.journal.in_memory and self.journal.file is not None:
+            where = (
+                f"The journal moved to memory when {self.journal.file.path} failed; they are written back there if "
+                f"it can be written again (then:  hvd-mlflow sync {self.journal.file.path}), else they are lost."
+            )
+        elif self.journal.in_memory:
             dropped = self.journal.dropped_points
             where = "The journal was in memory only (no writable journal directory): they are lost" + (
                 f", as are {dropped} older values it could not hold." if dropped else "."

@@ -253,3 +253,38 @@ def test_sync_goes_on_past_a_refused_entry_and_says_what_is_left_and_why(tmp_pat
     kept = FileJournal.open(journal.path)
     assert kept.count() == 0 and kept.count(REJECTED) == 1
     kept.close()
+
+
+def _pending_journal(folder: Path, url: str, run_id: str, **meta):
+    from hvd_mlflow.journal import FileJournal, JournalMeta
+
+    journal = FileJournal.create(folder, JournalMeta.new(tracking_uri=url, run_id=run_id, created_run=True, **meta))
+    journal.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=1001)
+    journal.close()
+    return journal
+
+
+def test_sync_of_an_elastic_rank0_that_died_delivers_and_leaves_the_shared_run_running(tmp_path, mlflow_server, client):
+    """Rank 0 of an elastic training died abruptly (no outcome, no hand-over): the other ranks go on in the same run.
+    sync delivers the journal's epoch and leaves the run RUNNING. It ended the shared run KILLED."""
+    run_id = client.create_run(client.create_experiment(f"elastic-{uuid.uuid4().hex[:8]}")).info.run_id
+    journal = _pending_journal(tmp_path / "j", mlflow_server.url, run_id, elastic=True)
+    done = _sync(tmp_path, journal.path, url=mlflow_server.url)
+    assert done.returncode == 0, done.stderr
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]
+    assert "the run is left as it is" in done.stdout
+
+
+def test_sync_never_ends_again_a_run_that_is_ended_already(tmp_path, mlflow_server, client):
+    """A journal without the outcome whose run is FINISHED already (a training whose journal moved to memory ended
+    it, and its file could not be written back): its entries are delivered, the run stays FINISHED. It was
+    ended again as KILLED."""
+    run_id = client.create_run(client.create_experiment(f"ended-{uuid.uuid4().hex[:8]}")).info.run_id
+    client.set_terminated(run_id, "FINISHED")
+    journal = _pending_journal(tmp_path / "j", mlflow_server.url, run_id)
+    done = _sync(tmp_path, journal.path, url=mlflow_server.url)
+    assert done.returncode == 0, done.stderr
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]
+    assert "its run is FINISHED already" in done.stdout

@@ -232,3 +232,30 @@ def test_a_failed_transaction_raises_its_own_error_and_leaves_none_open(tmp_path
     journal.append("metrics", {"loss": 0.5}, step=3, timestamp_ms=3)  # its own transaction, not a stale one
     journal.acknowledge([])  # nothing to do: no transaction
     assert journal.count() == 4 and not real.in_transaction
+
+
+def test_a_journal_that_moved_to_memory_writes_back_what_memory_did_when_released(tmp_path):
+    """The file fails (query_only: as a full disk), the memory journal delivers some entries, journals one more and
+    records the outcome; at release the file says so (a new connection: the disk works again). It kept the stale
+    pending entries and no outcome, so a later sync resent what memory delivered, lost the entry journaled in
+    memory, and ended the FINISHED run as KILLED."""
+    file = FileJournal.create(tmp_path, meta(run_id="r", created_run=True))
+    live = LiveJournal(file)
+    params = live.append("params", {"epochs": "3"})
+    first = live.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    second = live.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=2)
+    live.acknowledge([params])
+    file._db.execute("PRAGMA query_only = ON")  # every write on the training's connection fails from now on
+    third = live.append("metrics", {"loss": 0.25}, step=2, timestamp_ms=3)
+    assert live.in_memory
+    live.acknowledge([first])  # delivered by the memory journal
+    live.acknowledge([second], state=REJECTED, reason="metrics loss at step 1: refused")
+    live.update_meta(final_status="FINISHED")
+    live.release(delete=False)  # the sender could not deliver ``third`` before the end of fit
+    kept = FileJournal.open(file.path)
+    assert [(e.seq, e.step, e.payload) for e in kept.pending()] == [(third, 2, {"loss": 0.25})]
+    assert kept.count(DELIVERED) == 2 and [(e.seq, why) for e, why in kept.rejected()] == [
+        (second, "metrics loss at step 1: refused")]  # fmt: skip
+    assert kept.meta().final_status == "FINISHED" and kept.meta().moved_to_memory
+    assert kept.meta().run_id == "r" and kept.meta().created_run
+    kept.close()
