@@ -88,7 +88,9 @@ class Uploader:
         # its points); outcome unknown
         self._unsure: tuple[list[int] | None, list[Point]] | None = None
         self._delivered: set[Point] = set()  # points of entries not yet acknowledged that the server holds
-        self._held: set[tuple[int, str]] = set()  # (journal entry, key) whose value is held for the CSV
+        # journal entry -> its keys whose values are held for the CSV: kept until the entry is acknowledged (a
+        # retry of a pending entry must not hold them twice), so it is bounded by the entries pending
+        self._held: dict[int, set[str]] = {}
         self._artifacts: set[tuple[str, int]] = set()  # (kind, first entry) of the artifacts already journaled
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
         self.more_waiting = False  # the last upload_some left entries behind that were already pending
@@ -232,6 +234,7 @@ class Uploader:
         if entry.step is not None:
             what += f" at step {entry.step}"
         self.journal.acknowledge([entry.seq], state=REJECTED, reason=f"{what}: {reason}")
+        self._held.pop(entry.seq, None)
         logger.warning("hvd-mlflow: the tracking server refused %s (%s); it is kept in journal %s as rejected and "
                        "not sent again", what, reason, self.journal.location)  # fmt: skip
         return 1
@@ -456,7 +459,7 @@ class Uploader:
             points = [p for p in request.points if p not in self._delivered]  # a retry skips what went through
             if points:
                 self._log_points(run_id, points, seqs if len(points) == len(request.points) else None)
-            self.journal.acknowledge(seqs)
+            self._acknowledge_metrics(seqs)
             self._delivered.difference_update(request.points)
             done += request.completes
         return done
@@ -469,8 +472,10 @@ class Uploader:
         for record, seq in zip(records, seqs, strict=True):
             ok = {k: v for k, v in record.metrics.items() if k not in self._refused and self._budget.admits(k)}
             sent.append(EpochRecord(record.step, record.timestamp_ms, ok))
-            rest = {k: v for k, v in record.metrics.items() if k not in ok and (seq, k) not in self._held}
-            self._held.update((seq, k) for k in rest)
+            done = self._held.get(seq, set())
+            rest = {k: v for k, v in record.metrics.items() if k not in ok and k not in done}
+            if rest:
+                self._held[seq] = done | set(rest)
             held.append(EpochRecord(record.step, record.timestamp_ms, rest))
         self._hold(held)
         self._warn_over_budget()
@@ -538,8 +543,13 @@ class Uploader:
         if seqs is None:
             self._delivered.update(points)
             return 0
-        self.journal.acknowledge(seqs)
+        self._acknowledge_metrics(seqs)
         return len(seqs)
+
+    def _acknowledge_metrics(self, seqs: list[int]) -> None:
+        self.journal.acknowledge(seqs)
+        for seq in seqs:
+            self._held.pop(seq, None)
 
 
 def _end_run(client: Any, run_id: str, status: str) -> None:

@@ -260,3 +260,19 @@ def test_the_tag_budget_counts_the_tags_the_server_adds_to_a_run_it_creates(tmp_
     with open(held) as f:
         assert json.load(f) == {k: v for k, v in later.items() if k not in kept}  # the rest, every one, held
     assert len(kept) == 50 - len(own) - 2
+
+
+def test_what_the_uploader_remembers_of_held_values_ends_with_their_entries(tmp_path, mlflow_server, client):
+    """Values over the name budget: the uploader remembers which (entry, key) it held only until the entry is
+    acknowledged, so a long run does not grow it by one per held value (it kept all 100 here, for the whole fit);
+    the CSV still holds each held value once."""
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c", "d"], steps=50, max_metric_names=2,
+                             final_status="FINISHED")  # fmt: skip
+    uploader = Uploader(journal, client, MLFLOW)
+    uploader.deliver(until_done=True)
+    assert not journal.pending(1, kinds=("metrics",))
+    assert len(uploader._held) == 0
+    assert uploader.finish()
+    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    rows = sorted(tuple(line.split(",")[:2]) for line in open(held).read().splitlines()[1:] if line)
+    assert rows == sorted((k, str(s)) for k in ("c", "d") for s in range(50))
