@@ -28,15 +28,17 @@ values join the CSV); another refused entry is isolated, marked rejected in the 
 from __future__ import annotations
 
 import csv
-import io
+import sqlite3
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from . import batching
 from ._log import logger
 from .batching import EpochRecord
-from .journal import REJECTED, Entry, Journal, JournalMeta
+from .journal import DELIVERED, REJECTED, Entry, Journal, JournalMeta
 from .limits import Limits
 from .metric_budget import MetricBudget, is_epoch_name
 from .redact import redact
@@ -49,6 +51,7 @@ SENT_KINDS = ("params", "tags", "metrics", "artifact")  # what the uploader send
 NOT_ABOUT_CONTENT = (401, 403, 404)  # refusals of the request itself (auth, run), never split by key
 Point = tuple[str, float, int, int]  # key, value, timestamp_ms, step
 HELD = "over_budget"  # values kept for the over-budget CSV, sent once at the end
+HELD_PAGE = 1000  # held entries read (and acknowledged) at a time to build that CSV
 
 
 def http_status(error: BaseException) -> int | None:
@@ -297,32 +300,56 @@ class Uploader:
                 self.journal.append(HELD, record.metrics, step=record.step, timestamp_ms=record.timestamp_ms)
 
     def _send_held(self, run_id: str) -> None:
-        """The over-budget CSV: every value that was not sent as a metric, once, at the end."""
-        held = self.journal.pending(10**9, kinds=(HELD,))
-        if not held:
+        """The over-budget CSV: every value that was not sent as a metric, once, at the end. The held entries are
+        read a page at a time into a temporary SQLite file, which drops the repeats a retry may have held and sorts
+        them by name and step, so memory stays bounded however many values were held."""
+        if not self.journal.pending(1, kinds=(HELD,)):
             return
         self._warn_over_budget()
-        rows = sorted({(k, e.step, e.timestamp_ms, v) for e in held for k, v in e.payload.items()},
-                      key=lambda row: (row[0], row[1] or 0, row[2] or 0))  # fmt: skip
-        text = io.StringIO()
-        writer = csv.writer(text)
-        writer.writerow(["name", "step", "timestamp_ms", "value"])
-        writer.writerows(rows)
+        with tempfile.TemporaryDirectory(prefix="hvd-mlflow-") as scratch:
+            rows = sqlite3.connect(Path(scratch) / "held.sqlite", isolation_level=None)
+            try:
+                self._spill_held(rows)
+                csv_path = Path(scratch) / PurePosixPath(self.held_artifact_path).name
+                with csv_path.open("w", newline="") as out:
+                    writer = csv.writer(out)
+                    writer.writerow(["name", "step", "timestamp_ms", "value"])
+                    writer.writerows(rows.execute("SELECT name, step, timestamp_ms, value FROM held ORDER BY name, "
+                                                  "COALESCE(step, 0), COALESCE(timestamp_ms, 0), rowid"))  # fmt: skip
+                state, reason = self._upload_held(run_id, csv_path)
+                seqs = rows.execute("SELECT seq FROM seqs ORDER BY seq")
+                while page := [seq for (seq,) in seqs.fetchmany(HELD_PAGE)]:
+                    self.journal.acknowledge(page, state=state, reason=reason)
+            finally:
+                rows.close()
+
+    def _spill_held(self, rows: sqlite3.Connection) -> None:
+        rows.execute("CREATE TABLE held (name TEXT, step INTEGER, timestamp_ms INTEGER, value TEXT, "
+                     "UNIQUE (name, step, timestamp_ms, value))")  # fmt: skip
+        rows.execute("CREATE TABLE seqs (seq INTEGER PRIMARY KEY)")
+        after = 0
+        while page := self.journal.pending(HELD_PAGE, kinds=(HELD,), after=after):
+            values = [(k, e.step, e.timestamp_ms, str(v)) for e in page for k, v in e.payload.items()]
+            rows.execute("BEGIN")
+            rows.executemany("INSERT OR IGNORE INTO held VALUES (?, ?, ?, ?)", values)
+            rows.executemany("INSERT INTO seqs VALUES (?)", [(e.seq,) for e in page])
+            rows.execute("COMMIT")
+            after = page[-1].seq
+
+    def _upload_held(self, run_id: str, csv_path: Path) -> tuple[int, str | None]:
+        """Upload the CSV; the state its entries take (rejected, with the reason, when refused for good)."""
         try:
-            self.client.log_text(run_id, text.getvalue(), self.held_artifact_path)
+            self.client.log_artifact(run_id, str(csv_path), str(PurePosixPath(self.held_artifact_path).parent))
         except Exception as error:
             if http_status(error) == 409:  # AzureML cannot overwrite: a 409 after a resend means it was applied
-                pass
-            elif is_permanent(error):
-                logger.warning("hvd-mlflow: the tracking server refused the artifact %s (%s); its values stay in "
-                               "journal %s, marked rejected", self.held_artifact_path, redact(str(error))[:300],
-                               self.journal.location)  # fmt: skip
-                reason = f"the artifact {self.held_artifact_path}: {' '.join(redact(str(error)).split())[:300]}"
-                self.journal.acknowledge([e.seq for e in held], state=REJECTED, reason=reason)
-                return
-            else:
+                return DELIVERED, None
+            if not is_permanent(error):
                 raise
-        self.journal.acknowledge([e.seq for e in held])
+            message = " ".join(redact(str(error)).split())[:300]
+            logger.warning("hvd-mlflow: the tracking server refused the artifact %s (%s); its values stay in journal "
+                           "%s, marked rejected", self.held_artifact_path, message, self.journal.location)  # fmt: skip
+            return REJECTED, f"the artifact {self.held_artifact_path}: {message}"
+        return DELIVERED, None
 
     def _send_params_tags(self, run_id: str, group: list[Entry]) -> int:
         from mlflow.entities import Param, RunTag

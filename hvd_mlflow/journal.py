@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -170,7 +171,7 @@ class Journal(Protocol):
     def append(
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int: ...
-    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]: ...
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]: ...
     def count(self, state: int = PENDING) -> int: ...
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
     def close(self) -> None: ...
@@ -340,19 +341,21 @@ class FileJournal:
         )
         return int(cursor.lastrowid)
 
-    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
-        """Up to ``limit`` unacknowledged entries (of ``kinds``, if given), oldest first."""
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
+        """Up to ``limit`` unacknowledged entries (of ``kinds``, if given) with a sequence number above ``after``,
+        oldest first."""
         if kinds is None:
             rows = self._db.execute(
-                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? ORDER BY seq LIMIT ?",
-                (PENDING, limit),
+                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND seq > ? ORDER BY seq "
+                "LIMIT ?",
+                (PENDING, after, limit),
             )
         else:
             marks = ",".join("?" * len(kinds))
             rows = self._db.execute(
-                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND kind IN "
+                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND seq > ? AND kind IN "
                 f"({marks}) ORDER BY seq LIMIT ?",
-                (PENDING, *kinds, limit),
+                (PENDING, after, *kinds, limit),
             )
         return [Entry(seq, kind, step, ts, json.loads(payload)) for seq, kind, step, ts, payload in rows]
 
@@ -472,10 +475,10 @@ class MemoryJournal:
         with self._lock:
             self._next = max(self._next, seq + 1)
 
-    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         with self._lock:
-            entries = [entry for entry, _ in self._entries.values() if kinds is None or entry.kind in kinds]
-            return entries[:limit]
+            entries = (e for e, _ in self._entries.values() if e.seq > after and (kinds is None or e.kind in kinds))
+            return list(itertools.islice(entries, limit))
 
     def count(self, state: int = PENDING) -> int:
         with self._lock:
@@ -604,8 +607,8 @@ class LiveJournal:
             if self.in_memory:  # bounded: at most the file's pending entries when it failed
                 self._settled.update((seq, (state, reason)) for seq in seqs if seq in self._taken)
 
-    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None) -> list[Entry]:
-        return self._call("pending", limit, kinds=kinds)
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
+        return self._call("pending", limit, kinds=kinds, after=after)
 
     def count(self, state: int = PENDING) -> int:
         return self._call("count", state)

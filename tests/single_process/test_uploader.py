@@ -276,3 +276,39 @@ def test_what_the_uploader_remembers_of_held_values_ends_with_their_entries(tmp_
     held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
     rows = sorted(tuple(line.split(",")[:2]) for line in open(held).read().splitlines()[1:] if line)
     assert rows == sorted((k, str(s)) for k in ("c", "d") for s in range(50))
+
+
+class _RecordingReads:
+    """A journal that records the largest read of held values."""
+
+    def __init__(self, journal):
+        self._journal, self.largest_held_read = journal, 0
+
+    def pending(self, limit=1000, kinds=None, **kwargs):
+        if kinds == ("over_budget",):
+            self.largest_held_read = max(self.largest_held_read, limit)
+        return self._journal.pending(limit, kinds=kinds, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._journal, name)
+
+
+def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, client, monkeypatch):
+    """The held values are read from the journal a page at a time (it read them all in one list, with every row in a
+    set and a sorted copy); the CSV still holds each held value once, sorted by name and step, NaN included."""
+    from hvd_mlflow import delivery
+
+    monkeypatch.setattr(delivery, "HELD_PAGE", 7, raising=False)
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], steps=30, max_metric_names=2,
+                             final_status="FINISHED")  # fmt: skip
+    journal.append("over_budget", {"c": 0.2}, step=0, timestamp_ms=1000)  # a repeat, as a retry may hold it
+    journal.append("over_budget", {"c": float("nan")}, step=30, timestamp_ms=1030)
+    recording = _RecordingReads(journal)
+    uploader = Uploader(recording, client, MLFLOW)
+    uploader.deliver(until_done=True)
+    assert uploader.finish() and not journal.pending(1, kinds=("over_budget",))
+    assert 0 < recording.largest_held_read <= 7
+    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    lines = open(held).read().splitlines()
+    assert lines[0] == "name,step,timestamp_ms,value"
+    assert lines[1:] == [f"c,{s},{1000 + s},{s + 0.2}" for s in range(30)] + ["c,30,1030,nan"]
