@@ -186,11 +186,15 @@ def _last_run_id(client: object) -> str:
 def doctor() -> None:
     """What this environment will do: Python, TensorFlow and Keras flavour, Horovod build, ranks, tracking URI
     (credentials masked) and whether it answers, the AzureML plugin and job mode, pending journal entries.
-    Exits non-zero when something will not work, saying what to do."""
-    from .doctor import checks
+    Under the job's launcher (mpirun -np N hvd-mlflow doctor) rank 0 also says the world size, ranks per host
+    and which host is rank 0. Exits non-zero when something will not work, saying what to do."""
+    from .doctor import checks, reports
 
+    found = checks()
+    if not reports():  # under mpirun: every rank joins the checks, rank 0 alone says what the job will do
+        return
     bad = 0
-    for check in checks():
+    for check in found:
         mark = "ok " if check.ok else "!! "
         click.echo(f"{mark}{check.name:<24} {check.value}")
         if not check.ok:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from . import dependencies, destination, journal, keras_flavour, topology
 from .dependencies import installed_version
+from .errors import LauncherMismatchError
 from .redact import mask_uri
 
 
@@ -51,8 +52,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
                      fix=dependencies.HOROVOD_GLOO)  # fmt: skip
 
     out.append(_guard("horovod", f"build horovod 0.28.1 against this TensorFlow: {dependencies.HOROVOD}", horovod))
-    where = topology.current()
-    out.append(Check("ranks", f"rank {where.rank} of {where.size} (from {where.source})"))
+    out.append(_guard("ranks", "run it under the job's launcher: mpirun -np N hvd-mlflow doctor", _ranks))
     out.append(_guard("mlflow", dependencies.MLFLOW, lambda: Check("mlflow", _mlflow_version())))
 
     def tracking() -> Check:
@@ -76,6 +76,35 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     out.append(Check("pending journal entries", f"{pending} in {journal.default_directory()}", ok=pending == 0,
                      fix="upload them: hvd-mlflow sync" if pending else ""))  # fmt: skip
     return out
+
+
+def _ranks() -> Check:
+    """This process's place in the job. Under an MPI launcher (``mpirun -np N hvd-mlflow doctor``, as AzureML starts
+    a job) Horovod is initialised and every rank's host gathered: the world size, ranks per host, rank 0's host;
+    and a Horovod that sees a world of 1 where the launcher started N (built without MPI) is named."""
+    launched = topology.launcher_world()
+    if launched is None or launched[0] <= 1:
+        where = topology.current()
+        return Check("ranks", f"rank {where.rank} of {where.size} (from {where.source})")
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    try:
+        topology.check_horovod_world(hvd.size())
+    except LauncherMismatchError as error:
+        return Check("ranks", f"{launched[1]} started {launched[0]} processes, Horovod sees 1 in each", ok=False,
+                     fix=str(error).split(": ", 1)[1])  # fmt: skip
+    hosts = hvd.allgather_object(topology.hostname(), name="hvd_mlflow.doctor")
+    per_host = sorted({hosts.count(h) for h in hosts})
+    counts = "/".join(map(str, per_host))
+    return Check("ranks", f"world of {hvd.size()} on {len(set(hosts))} hosts, {counts} ranks per host "
+                 f"({topology.describe_hosts(hosts)}); rank 0 on {hosts[0]}; Horovod's controller: "
+                 f"{'MPI' if hvd.mpi_enabled() else 'Gloo'}")  # fmt: skip
+
+
+def reports() -> bool:
+    """Whether this process prints the report: rank 0 (under a launcher, after :func:`checks` joined Horovod)."""
+    return topology.current().rank == 0
 
 
 def _budget(uri: str) -> Check:

@@ -1,9 +1,10 @@
 """The multi-node test bed: a :class:`~tests.support.cluster.Cluster` with a tracking host, and a job launcher.
 
 One bed serves every case of the module (a fresh cluster and tracking server cost ~20 s). The tracking host runs
-both fronts on one real ``mlflow server``: a plain one (``http://trk:5000``) and the offline AzureML front
-(``azureml://trk:5443/...``, the real plugin's path). Each job gets fresh node directories holding a copy of the
-code (the test workers), as AzureML copies the code snapshot to each node's disk.
+two fronts, each before a real ``mlflow server`` of its own (tests/support/tracking_host.py): a plain one
+(``http://trk:5000``) and the offline AzureML front (``azureml://trk:5443/...``, the real plugin's path). Each job
+gets fresh node directories holding a copy of the code (the workers), as AzureML copies the code snapshot to each
+node's disk.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,9 +21,9 @@ from typing import Any
 
 from tests.support.cluster import REPO, Cluster
 from tests.support.environment import clean_environment
+from tests.support.tracking_host import TrackingHost
 
 WORKERS = REPO / "tests" / "workers"
-PLAIN_PORT, AZUREML_PORT = 5000, 5443
 # What every rank of a test job gets (mpirun -x), besides the job's MLflow variables.
 TEST_VARIABLES = {
     "HVD_MLFLOW_TESTING": "1",
@@ -56,8 +56,7 @@ class Bed:
     def __init__(self, folder: Path) -> None:
         self.cluster = Cluster(folder)
         self.folder = folder
-        self.trk = folder / "trk"
-        self.tracking: subprocess.Popen | None = None
+        self.fronts = {name: TrackingHost(self.cluster, folder / "trk", name) for name in ("plain", "azureml")}
         self._environment = clean_environment()
         self._jobs = 0
 
@@ -65,73 +64,32 @@ class Bed:
     def up(self) -> Bed:
         self.cluster.up()
         try:
-            self._start_tracking_host()
+            for front in self.fronts.values():
+                front.start()
+            for front in self.fronts.values():
+                front.wait_ready()
         except BaseException:
             self.down()
             raise
         return self
 
-    def _start_tracking_host(self) -> None:
-        self.trk.mkdir(parents=True, exist_ok=True)
-        address = self.cluster.hosts["trk"].address
-        for name, port, extra in (("plain", PLAIN_PORT, []), ("azureml", AZUREML_PORT, ["--azureml"])):
-            folder = self.trk / name
-            folder.mkdir(exist_ok=True)
-            argv = [sys.executable, "-m", "tests.support.tracking_host", str(folder), "trk", address, str(port), *extra]
-            process = self.cluster.popen("trk", argv, self._environment, self.trk / f"{name}.log")
-            setattr(self, f"_{name}", process)
-        for name in ("plain", "azureml"):
-            ready = self.trk / name / "ready.json"
-            deadline = time.monotonic() + 150
-            while not ready.exists():
-                if getattr(self, f"_{name}").poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the tracking host's {name} front did not start:\n"
-                                       + (self.trk / f"{name}.log").read_text()[-3000:])  # fmt: skip
-                time.sleep(0.3)
-
     def down(self) -> None:
-        for name in ("plain", "azureml"):
-            process = getattr(self, f"_{name}", None)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        for front in self.fronts.values():
+            front.stop()
         self.cluster.down()
 
     # -- the tracking host ---------------------------------------------------------------------------------
-    def ready(self, front: str = "plain") -> dict[str, Any]:
-        return json.loads((self.trk / front / "ready.json").read_text())
+    def tracking_uri(self, front: str = "plain") -> str:
+        return self.fronts[front].tracking_uri
 
     def store(self, front: str = "plain"):
-        """The tracking server's own store, read directly: the truth of what the server holds."""
-        from mlflow import MlflowClient
-
-        return MlflowClient(f"sqlite:///{self.trk / front / 'server' / 'mlflow.db'}")
+        return self.fronts[front].store()
 
     def seen(self, front: str = "plain") -> dict[str, Any]:
-        """What the front recorded so far: every connection's peer address, every request."""
-        path = self.trk / front / "seen.json"
-        before = path.stat().st_mtime_ns if path.exists() else 0
-        getattr(self, f"_{front}").send_signal(signal.SIGUSR1)
-        deadline = time.monotonic() + 10
-        while (not path.exists() or path.stat().st_mtime_ns == before) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return json.loads(path.read_text())
+        return self.fronts[front].seen()
 
     def job_run(self, experiment: str, front: str = "plain") -> tuple[str, str, dict[str, str]]:
-        """The experiment and run AzureML's control plane makes before a job: (run id, experiment id, variables)."""
-        folder = self.trk / front
-        (folder / "job-request.json").write_text(json.dumps({"experiment": experiment}))
-        getattr(self, f"_{front}").send_signal(signal.SIGUSR2)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            made = json.loads((folder / "job.json").read_text()) if (folder / "job.json").exists() else {}
-            if made.get("experiment") == experiment:
-                return made["run_id"], made["experiment_id"], made["job_environment"]
-            time.sleep(0.1)
-        raise RuntimeError(f"the tracking host made no run for {experiment}")
+        return self.fronts[front].job_run(experiment)
 
     # -- jobs --------------------------------------------------------------------------------------------
     def fresh_nodes(self) -> dict[str, Path]:
@@ -146,10 +104,13 @@ class Bed:
 
     def start(self, args: list[str], env: dict[str, str], ranks_per_node: int = 2, worker: str = "fit_worker.py"):
         """Start ``worker`` on every node with mpirun from node 0; (process, node directories, log path)."""
+        return self.launch([sys.executable, worker, "--out", ".", *args], env, ranks_per_node)
+
+    def launch(self, argv: list[str], env: dict[str, str], ranks_per_node: int = 2):
+        """Start ``argv`` on every node with mpirun from node 0, in fresh node directories."""
         self._jobs += 1
         nodes = self.fresh_nodes()
         variables = {**TEST_VARIABLES, **{k: os.environ[k] for k in PASSED_ON if k in os.environ}, **env}
-        argv = [sys.executable, worker, "--out", ".", *args]
         command = self.cluster.mpirun(ranks_per_node, argv, variables, exported=sorted(variables))
         log = self.folder / f"job{self._jobs}.log"
         process = self.cluster.popen("node0", command, {**self._environment, **variables}, log)

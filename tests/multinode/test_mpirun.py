@@ -70,3 +70,19 @@ def test_mpirun_on_one_host(tmp_path, mlflow_server, client):
     assert "horovodrun --gloo" in output and "HOROVOD_WITH_MPI=1" in output
     made = client.get_experiment_by_name(experiment)
     assert made is None or client.search_runs([made.experiment_id]) == []  # no writer at all
+
+
+def test_doctor_under_mpirun_on_one_host(tmp_path):
+    cli = str(Path(sys.executable).parent / "hvd-mlflow")
+    done = mpirun(2, [cli, "doctor"], {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'x.db'}"}, tmp_path)
+    reports = [line for line in done.stdout.splitlines() if " ranks " in line]
+    host = socket.gethostname()
+    if horovod_has_mpi():
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert len(reports) == 1 and reports[0].startswith("[1,0]"), done.stdout
+        assert f"world of 2 on 1 hosts, 2 ranks per host ({host}:0-1); rank 0 on {host}" in reports[0]
+    else:  # every process is rank 0 of its own world, and says what is wrong
+        assert done.returncode != 0
+        assert sorted(line[:5] for line in reports) == ["[1,0]", "[1,1]"], done.stdout
+        assert all("!! ranks" in line and "Horovod sees 1 in each" in line for line in reports)
+        assert "HOROVOD_WITH_MPI=1" in done.stdout

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 import time
 import uuid
@@ -20,6 +22,8 @@ import pytest
 from tests.multinode.bed import Bed
 from tests.support import cluster
 from tests.support.checks import STALL_BOUND_S, expected_global, report
+from tests.support.cluster import REPO
+from tests.support.environment import clean_environment
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(900)]
 
@@ -29,13 +33,17 @@ DYNAMICS = {"learning_rate", "epoch_time_s", "samples_per_s"}
 HVD_MLFLOW = str(Path(sys.executable).parent / "hvd-mlflow")
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
+def require_cluster() -> None:
     why = cluster.unavailable()
     if why:
         if os.environ.get("CI") == "true":  # CI runs as root with ip netns: a skip there would hide the suite
             pytest.fail(f"the multi-node suite cannot run in CI: {why}")
         pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    require_cluster()
     made = Bed(tmp_path_factory.mktemp("multinode")).up()
     yield made
     made.down()
@@ -216,7 +224,7 @@ def test_node1_dies_mid_run(bed):
     """Case 4: node 1's processes SIGKILLed: mpirun ends the job, nothing hangs; every epoch rank 0 finished is on
     the server or in node 0's journal, and sync delivers it once; the run hvd-mlflow created does not stay open."""
     experiment = f"mn-kill-{uuid.uuid4().hex[:8]}"
-    env = {"MLFLOW_TRACKING_URI": bed.ready()["tracking_uri"], "MLFLOW_EXPERIMENT_NAME": experiment}
+    env = {"MLFLOW_TRACKING_URI": bed.tracking_uri(), "MLFLOW_EXPERIMENT_NAME": experiment}
     start = time.monotonic()
     process, nodes, log = bed.start(["--epochs", "30", "--epoch-sleep", "0.3"], env)
     wait_for_epochs(nodes["node0"], 4, process)
@@ -239,3 +247,33 @@ def test_node1_dies_mid_run(bed):
     report("multinode-node1-dies", killed_processes=len(killed), rank0_finished_epochs=finished, steps=steps,
            status_before_sync=run.info.status, steps_on_server_before_sync=on_server, job_end_after_kill_s=ended_s,
            sync=synced.stdout.strip().splitlines()[-1:])  # fmt: skip
+
+
+def test_doctor_under_mpirun_says_the_world(bed):
+    """``mpirun hvd-mlflow doctor`` across the nodes: rank 0 alone reports the world size, ranks per node and which
+    host is rank 0."""
+    start = time.monotonic()
+    process, nodes, log = bed.launch([HVD_MLFLOW, "doctor"], {"MLFLOW_TRACKING_URI": bed.tracking_uri()})
+    job = bed.wait(process, nodes, log, start, timeout=200).check()
+    lines = [line for line in job.output.splitlines() if " ranks " in line and "world of" in line]
+    assert len(lines) == 1 and lines[0].startswith("[1,0]"), job.output[-4000:]  # one report, from rank 0
+    assert "world of 4 on 2 hosts, 2 ranks per host (node0:0-1 node1:2-3); rank 0 on node0" in lines[0]
+    assert "controller: MPI" in lines[0]
+    assert "tracking URI" in job.output and "/health answered 200" in job.output
+
+
+def test_rehearsal_of_the_azureml_job_yaml():
+    """scripts/rehearse-azureml-job.sh runs examples/azureml/job.yml's command as AzureML would (2 nodes x 1 rank,
+    the YAML's variables, the real plugin): the job's run holds one point per epoch of the example's curves."""
+    require_cluster()  # the script makes a cluster of its own
+    script = REPO / "scripts" / "rehearse-azureml-job.sh"
+    done = subprocess.run([str(script), "--input", "epochs=2"], cwd=REPO, env=clean_environment(),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    out = done.stdout
+    assert "== 2 node(s) x 1 rank(s): PYTHONPATH=. python examples/train_cnn.py --epochs 2" in out
+    assert "(RUNNING) on the offline AzureML front" in out  # the job's run: AzureML ends it, not hvd-mlflow
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        assert re.search(rf"^  {key} +2 points, last [0-9.]+$", out, re.M), out
+    assert "ranks ran on: node0:0 node1:1" in out
+    assert "hosts that connected to the tracking server: node0\n" in out

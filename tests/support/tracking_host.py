@@ -1,4 +1,5 @@
-"""The tracking host of the multi-node test bed (tests/support/cluster.py), run inside its namespace.
+"""The tracking host of the multi-node test bed (tests/support/cluster.py): :class:`TrackingHost` starts this module
+inside the host's namespace and talks to it.
 
     python -m tests.support.tracking_host FOLDER NAME ADDRESS PORT [--azureml]
 
@@ -18,14 +19,93 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from tests.support.azureml_front import AzureMLFront
+from tests.support.cluster import Cluster
+from tests.support.environment import clean_environment
 from tests.support.mlflow_server import MlflowServer
 from tests.support.proxy import Proxy
+
+
+class TrackingHost:
+    """One front (``plain``: ``http://trk:5000``; ``azureml``: ``azureml://trk:5443/...``) and its real server,
+    started on the cluster's ``trk`` host; what it recorded, the runs it holds, a job's run made on it."""
+
+    PORTS = {"plain": 5000, "azureml": 5443}
+
+    def __init__(self, cluster: Cluster, folder: Path, front: str = "plain") -> None:
+        self.cluster, self.folder, self.front = cluster, folder / front, front
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> TrackingHost:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "tests.support.tracking_host", str(self.folder), "trk",
+                self.cluster.hosts["trk"].address, str(self.PORTS[self.front])]  # fmt: skip
+        if self.front == "azureml":
+            argv.append("--azureml")
+        log = self.folder / "host.log"
+        self.process = self.cluster.popen("trk", argv, clean_environment(), log)
+        return self
+
+    def wait_ready(self, timeout: float = 150) -> TrackingHost:
+        deadline = time.monotonic() + timeout
+        while not (self.folder / "ready.json").exists():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the {self.front} tracking host did not start:\n"
+                                   + (self.folder / "host.log").read_text()[-3000:])  # fmt: skip
+            time.sleep(0.3)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+    @property
+    def _proc(self) -> subprocess.Popen:
+        assert self.process is not None, "start() first"
+        return self.process
+
+    @property
+    def tracking_uri(self) -> str:
+        return json.loads((self.folder / "ready.json").read_text())["tracking_uri"]
+
+    def store(self):
+        """The server's own store, read directly: the truth of what the server holds."""
+        from mlflow import MlflowClient
+
+        return MlflowClient(f"sqlite:///{self.folder / 'server' / 'mlflow.db'}")
+
+    def seen(self) -> dict[str, Any]:
+        """What the front recorded so far: every connection's peer address, every request, what it rejected."""
+        path = self.folder / "seen.json"
+        before = path.stat().st_mtime_ns if path.exists() else 0
+        self._proc.send_signal(signal.SIGUSR1)
+        deadline = time.monotonic() + 10
+        while (not path.exists() or path.stat().st_mtime_ns == before) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return json.loads(path.read_text())
+
+    def job_run(self, experiment: str) -> tuple[str, str, dict[str, str]]:
+        """What AzureML's control plane makes before a job: (run id, experiment id, the job's MLflow variables)."""
+        (self.folder / "job-request.json").write_text(json.dumps({"experiment": experiment}))
+        self._proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            made = json.loads((self.folder / "job.json").read_text()) if (self.folder / "job.json").exists() else {}
+            if made.get("experiment") == experiment:
+                return made["run_id"], made["experiment_id"], made["job_environment"]
+            time.sleep(0.1)
+        raise RuntimeError(f"the tracking host made no run for {experiment}")
 
 
 def main() -> None:
