@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.support import launch
-from tests.support.checks import report
+from tests.support.checks import journals, report, sync
 from tests.support.proxy import Proxy
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -98,6 +98,13 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     assert len(list(tmp_path.glob("done-*.json"))) == 1  # one process finished; the killed one did not
 
     assert_every_epoch_once(client, experiment, by_epoch)  # the new rank 0 ended the run it inherited
+    # the killed rank 0 left its journal (no outcome, no hand-over): sync delivers it and never ends the shared run
+    # (it was ended KILLED here, on top of the survivor's FINISHED)
+    assert journals(tmp_path)
+    synced = sync(tmp_path)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert_every_epoch_once(client, experiment, by_epoch)
+    assert "the run is left as it is" in synced.stdout
     report("elastic", epochs=EPOCHS, killed_after_epoch=KILL_AT, redone_after_reset=redone, steps_in_run=EPOCHS,
            seconds=round(seconds, 1))  # fmt: skip
     assert "different values for param" not in output  # params are not logged again after a reset
