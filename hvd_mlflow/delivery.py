@@ -49,6 +49,9 @@ DEFAULT_EXPERIMENT_ID = "0"
 _READ_AHEAD = 2000
 SENT_KINDS = ("params", "tags", "metrics", "artifact")  # what the uploader sends as it goes
 NOT_ABOUT_CONTENT = (401, 403, 404)  # refusals of the request itself (auth, run), never split by key
+# refusals of the credentials (401) or of the run (404): no entry is to blame, none is marked rejected; they stay
+# pending (the sender backs off; sync fails saying why, for a sync with the right credentials or server)
+NOT_ABOUT_ENTRIES = (401, 404)
 Point = tuple[str, float, int, int]  # key, value, timestamp_ms, step
 HELD = "over_budget"  # values kept for the over-budget CSV, sent once at the end
 HELD_PAGE = 1000  # held entries read (and acknowledged) at a time to build that CSV
@@ -196,7 +199,7 @@ class Uploader:
                 else:
                     settled += self._send_params_tags(run_id, group)
             except Exception as error:
-                if not is_permanent(error):
+                if not is_permanent(error) or http_status(error) in NOT_ABOUT_ENTRIES:
                     raise
                 if kind == "params_tags" and len(group) == 1 and len(group[0].payload) > 1:
                     settled += self._send_params_tags_one_by_one(run_id, group[0])
@@ -398,16 +401,31 @@ class Uploader:
         return kept
 
     def _send_artifacts(self, run_id: str, group: list[Entry]) -> int:
-        """Small JSON files (params over the run's limit). AzureML cannot overwrite an artifact: a 409 after a
-        resend means the first upload was applied."""
+        """Small JSON files (params over the run's limit), and local folders (TensorBoard's: ``folder``, sent file
+        by file under ``path``). AzureML cannot overwrite an artifact: a 409 after a resend means the first upload
+        was applied."""
         for entry in group:
-            try:
-                self.client.log_dict(run_id, entry.payload["content"], entry.payload["path"])
-            except Exception as error:
-                if http_status(error) != 409:
-                    raise
+            if "folder" in entry.payload:
+                if not self._send_folder(run_id, entry):
+                    continue
+            else:
+                _applied_once(lambda e=entry: self.client.log_dict(run_id, e.payload["content"], e.payload["path"]))
             self.journal.acknowledge([entry.seq])
         return len(group)
+
+    def _send_folder(self, run_id: str, entry: Entry) -> bool:
+        """Every file of a local folder into the run's artifacts; False (and the entry rejected) when it is gone."""
+        from .tensorboard import files
+
+        folder = Path(entry.payload["folder"])
+        if not folder.is_dir():
+            gone = FileNotFoundError(f"{folder} no longer exists")
+            self._reject(entry, gone, f"the folder for the artifacts {entry.payload['path']}")
+            return False
+        for path, sub in files(folder, bool(entry.payload.get("profile"))):
+            target = "/".join(p for p in (entry.payload["path"], sub) if p)
+            _applied_once(lambda p=path, t=target: self.client.log_artifact(run_id, str(p), t))
+        return True
 
     def _send_params_tags_one_by_one(self, run_id: str, entry: Entry) -> int:
         """The server refused a params/tags entry: send each item alone, so one bad item (a param whose value
@@ -608,3 +626,12 @@ def _groups(entries: list[Entry], isolate: bool, params_tags_per_request: int) -
         size += len(entry.payload) if entry_kind == "params_tags" else 0
     if group:
         yield kind, group
+
+
+def _applied_once(upload: Callable[[], Any]) -> None:
+    """``upload()``; a 409 (AzureML: the artifact exists, from an earlier try whose answer was lost) is success."""
+    try:
+        upload()
+    except Exception as error:
+        if http_status(error) != 409:
+            raise

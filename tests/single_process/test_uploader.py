@@ -164,11 +164,14 @@ def test_values_over_the_name_budget_are_held_once_whatever_the_retries(tmp_path
 
 
 def test_a_refusal_of_the_request_itself_is_not_split_by_key(tmp_path, mlflow_server, client):
+    from mlflow.exceptions import MlflowException
+
     # a 401 says nothing about the metric names: splitting the request by key would refuse every name one by one
     journal = _keyed_journal(tmp_path, mlflow_server.url, [f"m{i}" for i in range(8)], steps=1)
     faulty = _Faulty(client, [], unauthorised=True)
     uploader = Uploader(journal, faulty, MLFLOW)
-    uploader.upload_some()
+    with pytest.raises(MlflowException, match="unauthorised"):  # nor is any entry rejected for it (test below)
+        uploader.upload_some()
     assert faulty.calls == 1
     assert uploader._refused == {}
 
@@ -312,3 +315,18 @@ def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, 
     lines = open(held).read().splitlines()
     assert lines[0] == "name,step,timestamp_ms,value"
     assert lines[1:] == [f"c,{s},{1000 + s},{s + 0.2}" for s in range(30)] + ["c,30,1030,nan"]
+
+
+def test_a_refusal_of_the_credentials_or_the_run_rejects_no_entry(tmp_path, mlflow_server, client):
+    """A 401 on every request (wrong credentials) says nothing about the entries: delivery until done raises it,
+    and every entry stays pending for a sync with the right credentials. The one-by-one search for a refused entry
+    (added to sync's loop) marked all three rejected for good."""
+    from mlflow.exceptions import MlflowException
+
+    from hvd_mlflow.journal import REJECTED
+
+    journal = _keyed_journal(tmp_path, mlflow_server.url, ["a"], steps=3, final_status="FINISHED")
+    uploader = Uploader(journal, _Faulty(client, [], unauthorised=True), MLFLOW)
+    with pytest.raises(MlflowException, match="unauthorised"):
+        uploader.deliver(until_done=True)
+    assert journal.count(REJECTED) == 0 and len(journal.pending(10, kinds=("metrics",))) == 3
