@@ -292,10 +292,8 @@ class FileJournal:
     def take_over(self) -> bool:
         """Become the journal's writer (for ``sync``): False while another process, on any host sharing the
         directory, may still send from it."""
-        if writer_state(self.path) == "unknown":  # no lock file (an older writer) or no locks here
-            meta = self.meta()
-            if meta.host == socket.gethostname() and meta.pid and _pid_alive(meta.pid):
-                return False
+        if writer_state(self.path) == "unknown" and _writer_pid_alive(self.meta()):
+            return False
         return self._hold_writer_lock()
 
     def release_writer_lock(self) -> None:
@@ -673,6 +671,18 @@ def writer_state(path: Path) -> str:
     finally:
         os.close(fd)
     return "gone"
+
+
+def written_now(path: Path, meta: JournalMeta) -> bool:
+    """Whether a process may still send from the journal at ``path`` (``meta``: its meta, read read-only), judged
+    without opening it: its writer lock is held, or, where there are no locks, its writer's pid lives on this
+    host. ``sync`` leaves such a journal alone, unopened."""
+    state = writer_state(path)
+    return state == "alive" or (state == "unknown" and _writer_pid_alive(meta))
+
+
+def _writer_pid_alive(meta: JournalMeta) -> bool:
+    return meta.host == socket.gethostname() and bool(meta.pid) and _pid_alive(meta.pid or 0)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -26,6 +26,7 @@ from . import journal as journal_module
 from .journal import Entry, FileJournal, JournalMeta
 
 _REPORTED = 3  # refused entries named in the one-line report; the others are counted
+_LIVE = "a training still sends from it (its process holds the journal; --force uploads)"
 
 
 @dataclasses.dataclass
@@ -90,12 +91,13 @@ def sync_one(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Synced:
     """Deliver one journal; :class:`~hvd_mlflow.journal.NotAJournal` (the file untouched) when it is not one."""
-    journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
+    meta = journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
+    if not force and journal_module.written_now(path, meta):  # a live writer's journal is not even opened
+        return Synced(path, skipped=_LIVE)
     journal = FileJournal.open(path)
     try:
-        if not journal.take_over() and not force:
-            return Synced(path, skipped="a training still sends from it (its process holds the journal; --force "
-                                        "uploads)")  # fmt: skip
+        if not journal.take_over() and not force:  # it came alive meanwhile
+            return Synced(path, skipped=_LIVE)
         return _deliver(journal, tracking_uri, keep=keep, on_progress=on_progress)
     finally:
         journal.close()
@@ -121,7 +123,7 @@ def _deliver(
     result = Synced(path)
     _settle_outcome(journal, meta, client, result)
     uploader = Uploader(journal, client, for_tracking_uri(uri))
-    total = journal.count()
+    total, rejected_before = journal.count(), journal.count(journal_module.REJECTED)
     done = 0
 
     def progress(settled: int) -> None:
@@ -134,8 +136,8 @@ def _deliver(
     uploader.finish()
     result.run_id = uploader.run_id
     result.left = journal.count()
-    result.uploaded = total - result.left
     result.rejected_count = journal.count(journal_module.REJECTED)
+    result.uploaded = total - result.left - (result.rejected_count - rejected_before)
     result.rejected = journal.rejected(_REPORTED)
     if result.left == 0 and not result.rejected_count and not keep:
         journal.delete()

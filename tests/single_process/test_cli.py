@@ -204,15 +204,26 @@ def test_sync_of_a_glob_over_the_journal_folder_syncs_each_journal_once(tmp_path
 def test_sync_of_a_glob_beside_a_live_writer_skips_it_and_keeps_its_lock(tmp_path, mlflow_server, client):
     """A journal a training still writes (this process holds its lock): ``sync folder/*`` skips it, creates no run,
     and leaves its lock, so other hosts still see the writer; the writer goes on. It synced the lock file as an
-    empty journal into a new run and deleted it."""
+    empty journal into a new run and deleted it. (Opening it for writing before looking at its lock, as the first
+    fix did, changed the live journal: an older journal got a table, and its WAL could be checkpointed away.)"""
+    import contextlib
+    import sqlite3
+
     from hvd_mlflow.journal import FileJournal, JournalMeta, writer_state
 
     folder = tmp_path / ".hvd_mlflow" / "journal"
     experiment = client.create_experiment(f"live-{uuid.uuid4().hex[:8]}")
     journal = FileJournal.create(folder, JournalMeta.new(tracking_uri=mlflow_server.url, experiment_id=experiment))
     journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1000)
+    with contextlib.closing(sqlite3.connect(journal.path, isolation_level=None)) as older:
+        older.execute("DROP TABLE rejections")  # as a journal written by an earlier hvd-mlflow
     runs_before = len(_runs_in(client, "0"))
+    # the journal, its WAL and its lock, as they are: not opened for writing (SQLite's -shm index is not data: any
+    # reader, the read-only check's too, marks what it reads there)
+    kept = [p for p in folder.iterdir() if not p.name.endswith("-shm")]
+    files = {path: path.read_bytes() for path in kept}
     done = _sync(tmp_path, *sorted(folder.iterdir()), url=mlflow_server.url)
+    assert {path: path.read_bytes() for path in kept} == files
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("skipped, a training still sends from it") == 1, done.stdout
     assert "uploaded" not in done.stdout and ".lock" not in done.stdout + done.stderr
