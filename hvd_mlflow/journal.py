@@ -571,6 +571,7 @@ class LiveJournal:
         memory.continue_after(self._last_seq)
         self._taken = {entry.seq for entry in memory.pending(limit=10**9)}
         self._current = memory
+        _mark_moved(file.path)
         self.fallback_reason = f"{type(error).__name__}: {error}"
         logger.warning(
             "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
@@ -671,6 +672,20 @@ def writer_state(path: Path) -> str:
     finally:
         os.close(fd)
     return "gone"
+
+
+def _mark_moved(path: Path) -> None:
+    """Say in the file, at once, that the journal moved to memory, through a new connection that never waits for a
+    lock (the failed one may be unusable): a ``sync`` after a crash then knows that memory may have delivered some
+    of its pending entries. Nothing when the file cannot be written at all: the write-back at release tries again."""
+    try:
+        marker = FileJournal.open(path, timeout=0)
+        try:
+            marker.update_meta(moved_to_memory=True)
+        finally:
+            marker.close()
+    except STORAGE_ERRORS as error:
+        logger.debug("hvd-mlflow: could not mark %s as moved to memory: %s", path, error)
 
 
 def written_now(path: Path, meta: JournalMeta) -> bool:

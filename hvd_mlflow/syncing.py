@@ -146,9 +146,14 @@ def _deliver(
 
 def _settle_outcome(journal: FileJournal, meta: JournalMeta, client: object, result: Synced) -> None:
     """A journal without the training's outcome: its process died. Its run is ended KILLED, unless it is an elastic
-    training's (the other ranks may go on in the same run: handed over, left as it is) or already ended."""
+    training's (the other ranks may go on in the same run: handed over, left as it is) or already ended. When it
+    had moved to memory, what memory delivered was not written back: points the run holds are not sent again."""
     if meta.final_status or meta.ended:
         return
+    if meta.moved_to_memory and meta.resume != "skip":
+        journal.update_meta(resume="skip")
+        result.notes.append("it moved to memory during the training and its process died before writing back what "
+                            "memory delivered: points the run holds are not sent again")  # fmt: skip
     if meta.elastic:
         journal.update_meta(ended=True)
         result.notes.append("an elastic training's journal without an outcome (its rank 0 died; the others may go "

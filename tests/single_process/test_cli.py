@@ -299,3 +299,29 @@ def test_sync_never_ends_again_a_run_that_is_ended_already(tmp_path, mlflow_serv
     assert client.get_run(run_id).info.status == "FINISHED"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]
     assert "its run is FINISHED already" in done.stdout
+
+
+def test_sync_of_a_journal_that_moved_to_memory_without_writing_back_sends_nothing_twice(
+    tmp_path, mlflow_server, client
+):
+    """The training's journal moved to memory (marked so in the file), memory delivered steps 0 and 1, then the
+    process died before writing back: the file still holds steps 0-2 pending, with resume='log'. sync sends step 2
+    only (what the run holds was delivered), counted at the server through a recording proxy. It sent all three
+    (AzureML, which keeps repeated points, would hold steps 0 and 1 twice)."""
+    from hvd_mlflow.journal import FileJournal, JournalMeta
+    from tests.support.proxy import Proxy
+
+    run_id = client.create_run(client.create_experiment(f"moved-{uuid.uuid4().hex[:8]}")).info.run_id
+    client.log_batch(run_id, metrics=[Metric("loss", 1.0 / (s + 1), 1000 + s, s) for s in range(2)])
+    with Proxy(mlflow_server.url) as proxy:
+        journal = FileJournal.create(tmp_path / "j", JournalMeta.new(
+            tracking_uri=proxy.url, run_id=run_id, created_run=True, resume="log", moved_to_memory=True))  # fmt: skip
+        for step in range(3):
+            journal.append("metrics", {"loss": 1.0 / (step + 1)}, step=step, timestamp_ms=1000 + step)
+        journal.close()
+        done = _sync(tmp_path, journal.path, url=mlflow_server.url)
+        sent = sorted((m["key"], int(m["step"])) for r in proxy.metric_requests() for m in r.metrics)
+    assert done.returncode == 0, done.stderr
+    assert sent == [("loss", 2)]
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2]
+    assert client.get_run(run_id).info.status == "KILLED"  # the process died: the run it created is ended so

@@ -259,3 +259,19 @@ def test_a_journal_that_moved_to_memory_writes_back_what_memory_did_when_release
     assert kept.meta().final_status == "FINISHED" and kept.meta().moved_to_memory
     assert kept.meta().run_id == "r" and kept.meta().created_run
     kept.close()
+
+
+def test_a_journal_that_moves_to_memory_marks_its_file_at_once_when_it_can(tmp_path):
+    """The training's connection fails (query_only); a new one can still write: the file says moved_to_memory at
+    once, so a sync after a crash (no write-back) knows memory may have delivered some of its entries. It said
+    nothing until the end of the fit."""
+    file = FileJournal.create(tmp_path, meta(run_id="r"))
+    live = LiveJournal(file)
+    live.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    file._db.execute("PRAGMA query_only = ON")
+    live.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=2)
+    assert live.in_memory
+    seen = FileJournal.open(file.path)
+    assert seen.meta().moved_to_memory and seen.meta().run_id == "r" and seen.count() == 1
+    seen.close()
+    live.release(delete=False)
