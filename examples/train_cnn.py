@@ -75,6 +75,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument(
+        "--tensorboard",
+        metavar="DIR",
+        help="also Keras' TensorBoard callback (on every rank, as "
+        "any callback: hvd-mlflow keeps rank 0's, and uploads its folder into the run)",
+    )
     args = parser.parse_args()
 
     hvd.init()
@@ -95,6 +101,7 @@ def main() -> None:
         epochs=args.epochs,
         batch_size=args.batch_size,
         verbose=2 if hvd.rank() == 0 else 0,
+        callbacks=[tf.keras.callbacks.TensorBoard(args.tensorboard)] if args.tensorboard else None,
     )
 
 

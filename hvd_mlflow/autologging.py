@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import dependencies, destination, elastic, guard, keras_flavour, shards, topology
+from . import dependencies, destination, elastic, guard, keras_flavour, shards, tensorboard, topology
 from .callback import HorovodMlflowCallback
 from .config import AutologOptions
 from .errors import HvdMlflowError
@@ -47,6 +47,9 @@ def autolog(
     max_rows_per_metric: int | None = None,
     check_divergence: bool | None = None,
     system_metrics: bool | None = None,
+    log_tensorboard: bool | None = None,
+    tensorboard_profile: bool | None = None,
+    tensorboard_per_rank: bool | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -75,6 +78,11 @@ def autolog(
         guard_other_ranks: on ranks other than 0, every MLflow write does nothing (one warning each), since every
             rank of an AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on; see
             :mod:`hvd_mlflow.guard`). MLflow's own TensorFlow/Keras autologging is off on every rank either way.
+        log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in ``fit``: only
+            rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write under
+            ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end of
+            ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
+            :mod:`hvd_mlflow.tensorboard`).
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
@@ -125,8 +133,12 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
                 elastic_state=elastic.state_from_callbacks(_callbacks_in(given)),
                 options=options,
             )
-            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty)
-            bound.arguments["callbacks"] = _with_first(callback, given, self)
+            rank = topology.current().rank  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
+            users = tensorboard.for_rank(_callbacks_in(given), rank, options.tensorboard_per_rank)
+            folders = tensorboard.uploads(users) if rank == 0 and options.log_tensorboard else []
+            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty,
+                                        folders=[(f, p, options.tensorboard_profile) for f, p in folders])  # fmt: skip
+            bound.arguments["callbacks"] = _with_first(callback, given, self, users)
         except Exception as error:
             raise HvdMlflowError(
                 f"hvd-mlflow could not add its callback to this fit ({type(error).__name__}: {error}); fit does not "
@@ -166,13 +178,14 @@ def _is_callback_list(value: Any) -> bool:
     return any(klass.__name__ == "CallbackList" for klass in type(value).__mro__)
 
 
-def _with_first(callback: Any, given: Any, model: Any) -> Any:
-    """``given`` with ``callback`` first, in the form it came in. A ``CallbackList`` is rebuilt as the same class
-    (Keras computes which hooks to call when one is built), with the user's callbacks, model and params."""
+def _with_first(callback: Any, given: Any, model: Any, users: list[Any]) -> Any:
+    """``users`` (the user's callbacks as this rank runs them) with ``callback`` first, in the form ``given`` came in.
+    A ``CallbackList`` is rebuilt as the same class (Keras computes which hooks to call when one is built), with the
+    model and params it had."""
     if not _is_callback_list(given):
-        return [callback, *_callbacks_in(given)]
+        return [callback, *users]
     params = dict(getattr(given, "params", None) or {})
-    rebuilt = type(given)([callback, *given.callbacks], model=getattr(given, "model", None) or model, **params)
+    rebuilt = type(given)([callback, *users], model=getattr(given, "model", None) or model, **params)
     if not params:
         callback.set_params({})
     return rebuilt

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import (
@@ -122,6 +122,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._captured_run_id = run_id or destination.run_id_from_environment()
         self._elastic = elastic.ElasticSession(elastic_state) if elastic_state is not None else None
         self._batch_size: int | None = None
+        self._folders: tuple[tuple[str, str, bool], ...] = ()  # autolog's TensorBoard folders (rank 0)
         self._empty_shards: tuple[str, ...] = ()  # this rank's, from fit's arguments (autolog)
         self._comm: collectives.Collectives = collectives.Solo()
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
@@ -292,9 +293,15 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._hand_over()
 
     # -- used by autolog -------------------------------------------------------------------------------
-    def _set_fit_arguments(self, batch_size: int | None, empty_shards: tuple[str, ...] = ()) -> None:
+    def _set_fit_arguments(
+        self,
+        batch_size: int | None,
+        empty_shards: tuple[str, ...] = (),
+        folders: Sequence[tuple[str, str, bool]] = (),
+    ) -> None:
         self._batch_size = batch_size
         self._empty_shards = empty_shards
+        self._folders = tuple(folders)  # rank 0: (local folder, artifact path, with profiler traces) to upload
 
     def _empty_here(self) -> tuple[str, ...]:
         """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of

@@ -138,9 +138,19 @@ class AutologOptions(Options):
     Attributes:
         guard_other_ranks: MLflow writes from user code on ranks other than 0 do nothing (see
             :mod:`hvd_mlflow.guard`).
+        log_tensorboard: at the end of ``fit`` rank 0 uploads each Keras ``TensorBoard`` callback's log folder into
+            the run's artifacts (``tensorboard/``), within ``flush_timeout``; ``hvd-mlflow sync`` sends what could
+            not be sent (see :mod:`hvd_mlflow.tensorboard`). On by default.
+        tensorboard_profile: include the profiler's traces (``plugins/profile/``, from ``profile_batch``) in that
+            upload. Off by default: they are often hundreds of MB.
+        tensorboard_per_rank: ranks other than 0 keep their ``TensorBoard`` callback, writing into
+            ``<log_dir>/rank-<N>/``. Off by default: only rank 0's callback runs, and it shows the global values.
     """
 
     guard_other_ranks: bool = True
+    log_tensorboard: bool = True
+    tensorboard_profile: bool = False
+    tensorboard_per_rank: bool = False
 
 
 def _field_names(cls: type) -> set[str]:

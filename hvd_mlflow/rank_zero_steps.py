@@ -27,6 +27,7 @@ class RankZeroSteps:
     _run_logger: RunLogger | None
     _csv_logger: Any
     _hosts: tuple[str, ...]
+    _folders: tuple[tuple[str, str, bool], ...]
     model: Any
     options: Any
 
@@ -65,6 +66,9 @@ class RankZeroSteps:
             with self._rank0.step("logging the model"):
                 if self._logs_models():  # the model gets the budget but a part kept for the last epochs
                     self._log_model(deadline - min(5.0, self.options.flush_timeout / 2), run_logger)
+        with self._rank0.step("the TensorBoard logs"):  # after fit: TensorBoard has closed its files
+            for folder, path, profile in self._folders:
+                run_logger.log_folder(folder, path, profile=profile)
         self._close_csv()
         self._run_logger = None
         with self._rank0.step("delivering the last epochs"):

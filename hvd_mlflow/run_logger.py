@@ -127,6 +127,12 @@ class RunLogger:
             self.journal.append("tags", dict(part))
         self.sender.notify()
 
+    def log_folder(self, folder: str, path: str, profile: bool) -> None:
+        """Upload a local folder's files (TensorBoard's event files) under the artifact ``path``, journaled: what
+        cannot be sent before the end is uploaded by ``hvd-mlflow sync`` (the folder must still be there)."""
+        self.journal.append("artifact", {"path": path, "folder": folder, "profile": profile})
+        self.sender.notify()
+
     def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:
         when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         self.journal.append("metrics", values, step=step, timestamp_ms=when)

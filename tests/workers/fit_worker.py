@@ -187,6 +187,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--then-fit-to", type=int, default=0, help="a second fit, from --epochs to this epoch")
     parser.add_argument("--probe", action="store_true", help="record the final model's predictions on 4 inputs")
     parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
+    parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every rank, into this folder")
     return parser.parse_args()
 
 
@@ -237,6 +238,8 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
         callbacks.append(UserLogging())
     if args.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
+    if args.tensorboard:  # as users add it: on every rank, into one shared folder
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard))
     return callbacks
 
 
@@ -254,6 +257,7 @@ def record_process_state() -> None:
     """What the process holds once training is over: threads, and whether AzureML's plugin was loaded."""
     record["size"] = hvd.size()
     record["host"] = socket.gethostname()
+    record["pid"] = os.getpid()
     record["finished"] = True
     record["threads"] = sorted(t.name for t in threading.enumerate())
     auth = sys.modules.get("azureml.mlflow._common._authentication.azureml_token_authentication")

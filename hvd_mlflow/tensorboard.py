@@ -1,0 +1,83 @@
+"""Keras' ``TensorBoard`` callback under Horovod, in ``fit`` calls that :func:`hvd_mlflow.autolog` patches.
+
+Every rank runs the same ``fit`` with the same callbacks, so a ``TensorBoard`` callback on every rank puts every
+rank's local values into one shared folder: in TensorBoard, the same jumping, repeated curves as N writers in MLflow.
+So, for each ``fit``:
+
+* **Rank 0's** ``TensorBoard`` writes where it was told, and shows the global values: hvd-mlflow's callback runs
+  first and writes the global epoch values back into Keras' logs (batch values are global at the batches
+  ``log_every_n_steps`` reduces, rank 0's own elsewhere). At the end of ``fit`` its folder goes into the run's
+  artifacts under ``tensorboard/`` (``tensorboard/<folder name>/`` for each of several callbacks), sent by the
+  sender within ``flush_timeout`` and journaled, so ``hvd-mlflow sync`` uploads what could not be sent. Profiler
+  traces (``plugins/profile/``, often hundreds of MB) are left out unless ``tensorboard_profile=True``.
+* **Other ranks** leave their ``TensorBoard`` out of the ``fit`` (one INFO line), or, with
+  ``tensorboard_per_rank=True``, write into ``<log_dir>/rank-<N>/``, never beside rank 0's files.
+
+``TensorBoard`` calls no collective, so none of this changes which collectives a rank runs (rule 2). A
+``HorovodMlflowCallback`` passed by hand sees no other callback: there the user keeps TensorBoard to rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ._log import logger
+
+ARTIFACT_ROOT = "tensorboard"
+PROFILE_DIR = ("plugins", "profile")  # where TensorBoard's profiler (profile_batch) writes its traces
+RANK_DIR = "rank-{rank}"
+
+
+def is_tensorboard(callback: Any) -> bool:
+    """Keras' (or tf_keras') ``TensorBoard`` callback, or a subclass of it."""
+    return any(
+        klass.__name__ == "TensorBoard" and klass.__module__.split(".", 1)[0] in ("keras", "tf_keras", "tensorflow")
+        for klass in type(callback).__mro__
+    )
+
+
+def for_rank(callbacks: Sequence[Any], rank: int, per_rank: bool) -> list[Any]:
+    """``callbacks`` as this rank runs them: rank 0's unchanged; elsewhere ``TensorBoard`` left out, or pointed at
+    ``<log_dir>/rank-<rank>`` with ``per_rank``."""
+    if rank == 0:
+        return list(callbacks)
+    kept = []
+    for callback in callbacks:
+        if not is_tensorboard(callback):
+            kept.append(callback)
+        elif per_rank:
+            own = RANK_DIR.format(rank=rank)
+            if Path(str(callback.log_dir)).name != own:  # a second fit with the same callback
+                callback.log_dir = os.path.join(str(callback.log_dir), own)
+            kept.append(callback)
+        else:
+            logger.info("hvd-mlflow: rank %d runs no TensorBoard callback (rank 0's writes the global values into "
+                        "%s; tensorboard_per_rank=True keeps one folder per rank)", rank, callback.log_dir)  # fmt: skip
+    return kept
+
+
+def uploads(callbacks: Iterable[Any]) -> list[tuple[str, str]]:
+    """(local folder, artifact path) of each ``TensorBoard`` callback's log folder."""
+    folders = list(dict.fromkeys(os.path.abspath(str(cb.log_dir)) for cb in callbacks if is_tensorboard(cb)))
+    if len(folders) == 1:
+        return [(folders[0], ARTIFACT_ROOT)]
+    return [(folder, f"{ARTIFACT_ROOT}/{Path(folder).name}") for folder in folders]
+
+
+def files(folder: Path, profile: bool) -> list[tuple[Path, str]]:
+    """Every file under ``folder`` with the artifact sub-folder it goes to (profiler traces only with ``profile``)."""
+    out = []
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder)
+        if not profile and _under_profile(relative.parts):
+            continue
+        out.append((path, "/".join(relative.parts[:-1])))
+    return out
+
+
+def _under_profile(parts: tuple[str, ...]) -> bool:
+    size = len(PROFILE_DIR)
+    return any(parts[i : i + size] == PROFILE_DIR for i in range(len(parts) - size + 1))

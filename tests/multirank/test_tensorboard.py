@@ -1,0 +1,96 @@
+"""Keras' TensorBoard callback on every rank, as users add it (tests/workers/fit_worker.py --tensorboard): only rank
+0's process writes into the shared folder, its epoch scalars are the global values (the mean of the ranks' own,
+as Keras computed them) and equal the run's history, and its event files land in the run's artifacts, also when the
+server refused them at the end of fit and ``hvd-mlflow sync`` sends them later."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support import launch
+from tests.support.checks import FAST_RETRIES, expected_global, sync
+from tests.support.proxy import RESET, Proxy
+
+pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+EPOCHS = 3
+
+
+def scalars(folder: Path) -> dict[str, list[float]]:
+    """Every scalar of the event files in ``folder``, by tag, in step order (TensorBoard's own record format)."""
+    import tensorflow as tf
+
+    points: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.HasField("tensor"):
+                    if value.metadata.plugin_data.plugin_name != "scalars":
+                        continue  # the model's config as text, histograms...
+                    number = float(tf.make_ndarray(value.tensor))
+                else:
+                    number = value.simple_value
+                points.setdefault(value.tag, []).append((event.step, number))
+    return {tag: [v for _, v in sorted(series)] for tag, series in points.items()}
+
+
+def artifact_files(client, run_id: str, path: str = "tensorboard") -> set[str]:
+    out: set[str] = set()
+    for item in client.list_artifacts(run_id, path):
+        out |= artifact_files(client, run_id, item.path) if item.is_dir else {item.path}
+    return out
+
+
+def local_files(folder: Path) -> set[str]:
+    return {f"tensorboard/{p.relative_to(folder).as_posix()}" for p in folder.rglob("*") if p.is_file()}
+
+
+def history(client, run_id: str, key: str) -> list[float]:
+    return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+
+def test_rank0_tensorboard_shows_the_global_values_and_lands_in_the_run(tmp_path, client):
+    run_id = client.create_run(client.create_experiment(f"tb-{uuid.uuid4().hex[:8]}")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id}
+    done = launch.run(tmp_path, ["--epochs", str(EPOCHS), "--tensorboard", "tb"], env=env).check()
+    ranks = [done.rank(0), done.rank(1)]
+    folder = tmp_path / "tb"
+    events = sorted(folder.rglob("events.out.tfevents.*"))
+    # only rank 0's process wrote into the shared folder (an event file's name carries its writer's pid)
+    assert events and all(f".{ranks[0]['pid']}." in p.name for p in events), [p.name for p in events]
+    assert "rank 1 runs no TensorBoard callback" in done.output
+    expected = expected_global(ranks, EPOCHS)
+    assert any(ranks[0]["local"][e]["loss"] != ranks[1]["local"][e]["loss"] for e in range(EPOCHS))  # ranks differ
+    train, validation = scalars(folder / "train"), scalars(folder / "validation")
+    pairs = [(train, "loss", "epoch_loss"), (train, "accuracy", "epoch_accuracy"),
+             (validation, "val_loss", "epoch_loss"), (validation, "val_accuracy", "epoch_accuracy")]  # fmt: skip
+    for board, key, tag in pairs:
+        assert board[tag] == pytest.approx(expected[key], rel=1e-6), (key, board[tag], expected[key])
+        assert board[tag] == pytest.approx(history(client, run_id, key), rel=1e-6), key
+    # rank 0's event files are in the run, each of them, and nothing else under tensorboard/
+    assert artifact_files(client, run_id) == local_files(folder)
+
+
+def test_event_files_refused_at_the_end_of_fit_are_sent_by_sync(tmp_path, mlflow_server, client):
+    run_id = client.create_run(client.create_experiment(f"tb-sync-{uuid.uuid4().hex[:8]}")).info.run_id
+
+    def no_artifacts(request):  # the artifact store does not answer; everything else does
+        return RESET if "/mlflow-artifacts/" in request.path else None
+
+    with Proxy(mlflow_server.url, fault=no_artifacts) as proxy:
+        env = {**FAST_RETRIES, "HVD_MLFLOW_FLUSH_TIMEOUT": "8", "MLFLOW_TRACKING_URI": proxy.url,
+               "MLFLOW_RUN_ID": run_id}  # fmt: skip
+        done = launch.run(tmp_path, ["--epochs", str(EPOCHS), "--tensorboard", "tb"], env=env).check()
+        assert any("/mlflow-artifacts/" in r.path for r in proxy.requests)  # it tried
+    assert done.rank(0)["train_end_s"] <= 8 + 2
+    assert artifact_files(client, run_id) == set()
+    assert history(client, run_id, "loss") == pytest.approx(
+        expected_global([done.rank(0), done.rank(1)], EPOCHS)["loss"]
+    )
+    synced = sync(tmp_path, "--tracking-uri", mlflow_server.url)
+    assert synced.returncode == 0, synced.stdout + synced.stderr
+    assert artifact_files(client, run_id) == local_files(tmp_path / "tb")
+    again = sync(tmp_path, "--tracking-uri", mlflow_server.url)
+    assert again.returncode == 0 and artifact_files(client, run_id) == local_files(tmp_path / "tb")
