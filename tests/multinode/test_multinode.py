@@ -122,7 +122,7 @@ def test_two_nodes_through_the_azureml_plugin(bed):
     epochs = 3
     run_id, _, env = bed.job_run(f"mn-azureml-{uuid.uuid4().hex[:8]}", front="azureml")
     before = bed.seen("azureml")
-    job = bed.run(["--epochs", str(epochs), "--stray-writers"], env).check()
+    job = bed.run(["--epochs", str(epochs), "--stray-writers", "--tensorboard", "tb"], env).check()
     after = bed.seen("azureml")
     ranks = [job.rank(r) for r in range(4)]
     store = bed.store("azureml")
@@ -143,6 +143,14 @@ def test_two_nodes_through_the_azureml_plugin(bed):
     assert not [r for r in requests if r["path"].endswith(("/runs/update", "/runs/create", "/experiments/create"))]
     assert store.get_run(run_id).info.status == "RUNNING"
     assert not (job.nodes["node1"] / ".hvd_mlflow").exists()
+    # TensorBoard on every rank: only rank 0's wrote (node1 has no folder), and its event files reached AzureML's
+    # artifact store through the plugin, as blobs under the run's tensorboard/
+    assert not (job.nodes["node1"] / "tb").exists()
+    local = {p.relative_to(job.nodes["node0"] / "tb").as_posix() for p in (job.nodes["node0"] / "tb").rglob("*")
+             if p.is_file()}  # fmt: skip
+    blobs = bed.fronts["azureml"].folder / "tls" / "blobs" / f"dcid.{run_id}"  # the run's container of blobs
+    sent = {p.relative_to(blobs).as_posix() for p in blobs.rglob("*") if p.is_file()}
+    assert local and {f"tensorboard/{name}" for name in local} == {s for s in sent if s.startswith("tensorboard/")}
     report("multinode-azureml", connections_by_source=sources, requests=len(requests), points_per_metric=epochs)
 
 

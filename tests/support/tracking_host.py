@@ -99,7 +99,7 @@ class TrackingHost:
         """What AzureML's control plane makes before a job: (run id, experiment id, the job's MLflow variables)."""
         (self.folder / "job-request.json").write_text(json.dumps({"experiment": experiment}))
         self._proc.send_signal(signal.SIGUSR2)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # two requests to the server; slow when the 2 cores are busy
         while time.monotonic() < deadline:
             made = json.loads((self.folder / "job.json").read_text()) if (self.folder / "job.json").exists() else {}
             if made.get("experiment") == experiment:
