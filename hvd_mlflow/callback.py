@@ -167,7 +167,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             self._hand_over() if self._elastic is not None else self._end_cut_fit()  # or it raised, without autolog
         hvd = topology.horovod_if_initialised()
         if hvd is not None:  # every process of the job sees the same launcher and Horovod world: raised by all alike
-            topology.check_horovod_world(hvd.size())
+            topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built())
         self._comm = collectives.current()
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on

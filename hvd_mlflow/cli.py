@@ -192,6 +192,11 @@ def doctor() -> None:
 
     found = checks()
     if not reports():  # under mpirun: every rank joins the checks, rank 0 alone says what the job will do
+        failed = [check for check in found if not check.ok]
+        for check in failed:  # ... but a rank that could not join says why, and its exit ends the job (mpirun)
+            click.echo(f"!! {check.name:<24} {check.value}\n   {'':<24} -> {check.fix}")
+        if failed:
+            raise SystemExit(1)
         return
     bad = 0
     for check in found:

@@ -59,6 +59,8 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
         import mlflow
 
         uri = mlflow.get_tracking_uri()
+        if not reports():  # under mpirun only rank 0 ever talks to the tracking server, the doctor too
+            return Check("tracking URI", f"{mask_uri(uri)} (probed by rank 0 only)")
         reachable, detail = (probe_server or _probe)(uri)
         fix = "" if reachable else "start the server or fix MLFLOW_TRACKING_URI; metrics are journaled meanwhile"
         return Check("tracking URI", f"{mask_uri(uri)} ({detail})", ok=reachable, fix=fix)

@@ -92,12 +92,15 @@ def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] 
     return None
 
 
-def check_horovod_world(horovod_size: int, environ: Mapping[str, str] | None = None) -> None:
-    """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and Horovod sees one.
+def check_horovod_world(
+    horovod_size: int, environ: Mapping[str, str] | None = None, *, mpi_built: bool = False
+) -> None:
+    """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and a Horovod built
+    without MPI sees one (an MPI-built Horovod in a world of one was asked for it: ``hvd.init(comm=...)``).
 
-    Every process of such a job sees the same two numbers, so every process raises alike (rule 2)."""
+    Every process of such a job sees the same numbers and the same build, so every process raises alike (rule 2)."""
     world = launcher_world(environ)
-    if world is None or horovod_size != 1 or world[0] <= 1:
+    if world is None or horovod_size != 1 or world[0] <= 1 or mpi_built:
         return
     size, launcher = world
     raise LauncherMismatchError(

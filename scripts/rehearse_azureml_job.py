@@ -90,7 +90,8 @@ def _command(spec: dict, overrides: list[str]) -> str:
 
 def _snapshot(code: Path, workdir: Path) -> None:
     """The job's code as AzureML uploads it: the files git tracks (or the folder without environments)."""
-    listed = subprocess.run(["git", "ls-files"], cwd=code, capture_output=True, text=True)
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=code,
+                            capture_output=True, text=True)  # fmt: skip
     if listed.returncode == 0 and listed.stdout:
         for name in listed.stdout.splitlines():
             source = code / name

@@ -131,6 +131,11 @@ class Bed:
             returncode = -9
         return Job(returncode, log.read_text(errors="replace"), time.monotonic() - start, nodes)
 
+    def kill_jobs(self) -> None:
+        """Every process on the nodes (a job a failed test left running), before the next test."""
+        for host in self.cluster.nodes:
+            self.cluster.kill(host.name)
+
     def on_node(self, node: str, argv: list[str], env: dict[str, str], timeout: float = 300):
         """``argv`` on ``node``, in its working directory (e.g. ``hvd-mlflow sync`` after the job)."""
         done = subprocess.run([str(self.cluster.enter), node, *argv], env={**self._environment, **env},

@@ -34,7 +34,8 @@ def mpirun(np: int, argv: list[str], env: dict[str, str], cwd: Path) -> subproce
         pytest.skip(why)
     root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if os.geteuid() == 0 else {}
     variables = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", "HVD_MLFLOW_LOG_MODELS": "0", **root, **env}
-    command = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output", "-np", str(np), *argv]
+    loopback = ["--mca", "oob_tcp_if_include", "lo", "--mca", "btl_tcp_if_include", "lo", "--mca", "btl", "self,vader"]
+    command = ["mpirun", "--oversubscribe", "--bind-to", "none", "--tag-output", *loopback, "-np", str(np), *argv]
     return subprocess.run(command, env={**clean_environment(), **variables}, cwd=cwd, capture_output=True, text=True,
                           timeout=400)  # fmt: skip
 

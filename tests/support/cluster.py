@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -87,6 +89,7 @@ class Cluster:
         return self
 
     def _make(self) -> None:
+        sweep_stale()
         self.folder.mkdir(parents=True, exist_ok=True)
         self.job_path.mkdir(parents=True, exist_ok=True)
         for namespace in [self.bridge, *(h.namespace for h in self.hosts.values())]:
@@ -114,15 +117,17 @@ class Cluster:
         self._write_scripts(hosts_file)
 
     def _write_scripts(self, hosts_file: Path) -> None:
-        cases = "".join(f"  {h.name}) ns={h.namespace}; dir={h.workdir or ''} ;;\n" for h in self.hosts.values())
-        self.enter.write_text(
+        q = shlex.quote
+        cases = "".join(
+            f"  {h.name}) ns={q(h.namespace)}; dir={q(str(h.workdir or ''))} ;;\n" for h in self.hosts.values()
+        )
+        self.enter.write_text(  # every path reaches the inner shell as an argument, never inside its code
             "#!/bin/bash\n"
             "# enter HOST COMMAND...: COMMAND on HOST (its network, hostname, /etc/hosts and working directory)\n"
             'host=$1; shift\ncase "$host" in\n' + cases + '  *) echo "enter: no host $host" >&2; exit 2 ;;\nesac\n'
-            'exec ip netns exec "$ns" unshare --uts --mount bash -c \'hostname "$0"; '
-            f"mount --bind {hosts_file} /etc/hosts; "
-            f'if [ -n "$1" ]; then mount --bind "$1" {self.job_path}; cd {self.job_path}; fi; '
-            'shift; exec "$@"\' "$host" "$dir" "$@"\n'
+            'exec ip netns exec "$ns" unshare --uts --mount bash -c \'hostname "$0"; mount --bind "$1" /etc/hosts; '
+            'if [ -n "$2" ]; then mount --bind "$2" "$3"; cd "$3"; fi; shift 3; exec "$@"\' '
+            f'"$host" {q(str(hosts_file))} "$dir" {q(str(self.job_path))} "$@"\n'
         )
         self.agent.write_text(
             "#!/bin/bash\n"
@@ -130,7 +135,7 @@ class Cluster:
             "# the clean environment ssh gives: only what mpirun -x exports reaches the ranks there\n"
             "while [[ $# -gt 0 && $1 == -* ]]; do shift; done\nhost=$1; shift\n"
             f'exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME="$HOME" '
-            f'{self.enter} "$host" bash -c "$*"\n'
+            f'{shlex.quote(str(self.enter))} "$host" bash -c "$*"\n'
         )
         self.enter.chmod(0o755)
         self.agent.chmod(0o755)
@@ -157,8 +162,9 @@ class Cluster:
 
     # -- acting on hosts ---------------------------------------------------------------------------------
     def popen(self, host: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO) -> subprocess.Popen:
-        out = open(log, "ab")  # noqa: SIM115 - the child holds it
-        return subprocess.Popen([str(self.enter), host, *argv], env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+            return subprocess.Popen([str(self.enter), host, *argv], env=env, cwd=cwd, stdout=out,
+                                    stderr=subprocess.STDOUT)  # fmt: skip
 
     def run(self, host: str, argv: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(self.enter), host, *argv], env=env, cwd=REPO, capture_output=True, text=True,
@@ -197,6 +203,23 @@ class Cluster:
         out = subprocess.run(["ip", "-n", host.namespace, "-j", "link", "show", "eth0"], capture_output=True,
                              text=True, check=True)  # fmt: skip
         return json.loads(out.stdout)[0]["address"]
+
+
+def sweep_stale() -> None:
+    """Delete the namespaces (and their processes) of clusters whose test process is gone (killed before its
+    clean-up ran): their names carry the maker's pid."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+    for line in listed:
+        match = re.match(r"(hm(\d+)(?:br|node\d+|trk))\b", line)
+        if match is None or _maker_alive(int(match.group(2))):
+            continue
+        for pid in _pids(match.group(1)):
+            _kill(pid, signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", match.group(1)], capture_output=True)
+
+
+def _maker_alive(short_pid: int) -> bool:
+    return any(pid % 100000 == short_pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))))
 
 
 def _ip(*args: str) -> None:

@@ -55,6 +55,10 @@ def test_worlds_that_agree_pass(size, environ):
     topology.check_horovod_world(size, environ)
 
 
+def test_an_mpi_built_horovod_in_a_world_of_one_was_asked_for_it():
+    topology.check_horovod_world(1, {"OMPI_COMM_WORLD_SIZE": "4"}, mpi_built=True)  # hvd.init(comm=[rank])
+
+
 def test_hosts_are_described_by_rank_ranges_in_order_of_first_rank():
     assert topology.describe_hosts(["node0", "node0", "node1", "node1"]) == "node0:0-1 node1:2-3"
     assert topology.describe_hosts(["b", "a", "b", "b", "a", "c"]) == "b:0,2-3 a:1,4 c:5"
