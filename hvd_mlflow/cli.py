@@ -200,8 +200,10 @@ def doctor() -> None:
         return
     bad = 0
     for check in found:
-        mark = "ok " if check.ok else "!! "
+        mark = "ok " if check.ok and not check.warning else "?? " if check.ok else "!! "
         click.echo(f"{mark}{check.name:<24} {check.value}")
+        if check.warning:
+            click.echo(f"   {'':<24} -> {check.warning}")
         if not check.ok:
             bad += 1
             click.echo(f"   {'':<24} -> {check.fix}")

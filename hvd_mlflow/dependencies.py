@@ -16,7 +16,7 @@ TENSORFLOW = "pip install 'tensorflow-cpu==2.16.2' && pip install --no-deps 'tf-
 HOROVOD = ("CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
            "pip install --no-build-isolation --no-cache-dir 'horovod==0.28.1'")  # fmt: skip
 HOROVOD_GLOO = "the same pip command with HOROVOD_WITH_GLOO=1: " + HOROVOD
-MLFLOW = "pip install 'mlflow-skinny<=3.15.0'"
+MLFLOW = "pip install 'mlflow-skinny>=2.12.2'"  # compat.MLFLOW_FLOOR
 AZUREML = "pip install 'hvd-mlflow[azureml]'"
 
 

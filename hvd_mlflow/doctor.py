@@ -7,7 +7,7 @@ import os
 import platform
 from collections.abc import Callable
 
-from . import dependencies, destination, journal, keras_flavour, topology
+from . import compat, dependencies, destination, journal, keras_flavour, topology
 from .dependencies import installed_version
 from .errors import LauncherMismatchError
 from .redact import mask_uri
@@ -19,6 +19,7 @@ class Check:
     value: str
     ok: bool = True
     fix: str = ""
+    warning: str = ""  # works, but with a known limit: said, not an error
 
 
 def _guard(name: str, fix: str, probe: Callable[[], Check]) -> Check:
@@ -71,6 +72,11 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     uses = destination.is_azureml(uri)
     out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
                      ok=bool(plugin) or not uses, fix=dependencies.AZUREML))  # fmt: skip
+    out.append(_guard("support matrix", "compare with docs/support-matrix.md", lambda: _row(plugin, uses)))
+    try:
+        out.extend(_combination(plugin, uses))
+    except Exception as error:  # noqa: BLE001 - a doctor reports, it does not crash
+        out.append(Check("combination", f"{type(error).__name__}: {error}"[:200], ok=False, fix=dependencies.MLFLOW))
     job = destination.is_azureml_job(uri)
     out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
     out.append(_guard("per-run limits", "fix the HVD_MLFLOW_* variable it names", lambda: _budget(uri)))
@@ -124,6 +130,38 @@ def _budget(uri: str) -> Check:
         + (f", {limits.tags_per_run} tags" if limits.tags_per_run else "")
     )
     return Check("per-run limits", value)
+
+
+def environment_row(plugin: str | None) -> compat.Row:
+    """This environment's versions, in the support matrix's terms."""
+    python = ".".join(platform.python_version_tuple()[:2])
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return compat.Row("here", "this environment", python, "", "", _mlflow_version(), plugin)
+    flavour = keras_flavour.of_tf_keras()
+    keras = f"{flavour} {keras_flavour.version(flavour).split('.')[0]}"
+    return compat.Row("here", "this environment", python, tf.__version__, keras, _mlflow_version(), plugin)
+
+
+def _row(plugin: str | None, uses_azureml: bool) -> Check:
+    row, different = compat.closest_row(environment_row(plugin))
+    where = f"row '{row.stands_for}' (requirements/{row.name}.txt)"
+    return Check("support matrix", f"{'is' if not different else 'closest to'} {where}"
+                 + (f"; differs in {', '.join(different)}" if different else ""))  # fmt: skip
+
+
+def _combination(plugin: str | None, uses_azureml: bool) -> list[Check]:
+    """The known-bad combinations of MLflow and AzureML here: a failure each, or one line saying there is none."""
+    problems = compat.known_problems(_mlflow_version(), plugin, compat.declared_mlflow_range(), uses_azureml)
+    if not problems:
+        return [Check("combination", "no known-bad combination of MLflow and azureml-mlflow")]
+    out = []
+    for fatal, what in problems:
+        value, advice = what.split(": ", 1)
+        warning = "" if fatal else advice
+        out.append(Check("combination", value, ok=not fatal, fix=advice if fatal else "", warning=warning))
+    return out
 
 
 def _keras3() -> bool:

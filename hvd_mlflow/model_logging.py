@@ -19,7 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import guard
+from . import compat, guard
 from ._log import logger
 from .redact import redact
 
@@ -52,11 +52,7 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
                     local = save_locally(model, folder, flavour)
                     MlflowClient().log_artifacts(run_id, str(local), artifact_path=ARTIFACT_PATH)
                 else:
-                    import mlflow.tensorflow
-
-                    mlflow.tensorflow.log_model(
-                        model, name=ARTIFACT_PATH, run_id=run_id, pip_requirements=_requirements()
-                    )
+                    compat.log_tensorflow_model(model, ARTIFACT_PATH, run_id, _requirements())
             outcome["done"] = True
         except Exception as error:  # noqa: BLE001 - reported below; the training is over and kept
             outcome["error"] = error

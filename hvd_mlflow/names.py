@@ -1,8 +1,8 @@
 """Metric and param names that MLflow and AzureML accept, never merging two names into one.
 
-MLflow accepts letters (Unicode included), digits, ``_ - . / :`` and spaces, names that do not look like
-other paths (``a//b``, ``/a``, ``..``), and 250 characters at most. Anything else is cleaned (each bad
-character becomes ``_``) with one warning per name; two names that clean to the same one are an error.
+MLflow accepts letters (Unicode included), digits, ``_ - . /``, spaces and (from MLflow 2.13) ``:``, names
+that do not look like other paths (``a//b``, ``/a``, ``..``), and 250 characters at most. Anything else is
+cleaned (each bad character becomes ``_``) with one warning per name; two names that clean to the same one are an error.
 """
 
 from __future__ import annotations
@@ -11,15 +11,17 @@ import posixpath
 import re
 from collections.abc import Iterable
 
+from . import compat
 from ._log import warn_once
 from .errors import MetricNameCollisionError
 
 _BAD = re.compile(r"[^/\w.\- :]")
+_BAD_WITHOUT_COLONS = re.compile(r"[^/\w.\- ]")
 
 
 def clean(name: str, max_length: int = 250) -> str:
     """``name`` made acceptable to MLflow and AzureML."""
-    out = _BAD.sub("_", name)
+    out = (_BAD if compat.names_take_colons() else _BAD_WITHOUT_COLONS).sub("_", name)
     if posixpath.normpath(out) != out or out.startswith("/") or out in ("", ".") or out.startswith(".."):
         out = "/".join(part for part in out.split("/") if part not in ("", ".", "..")) or "_"
     return out[:max_length]

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import destination
+from . import compat, destination
 
 UNKNOWN_EXPERIMENT_ID = "0"  # MLflow's default experiment: what a rank that cannot ask the server says
 _state: dict[str, Any] = {"experiment_id": None, "experiment_name": None}
@@ -79,16 +79,19 @@ def run(run_id: str | None, call: Mapping[str, Any] | None = None) -> Any:
     from mlflow.entities import LifecycleStage, Run, RunData, RunInfo, RunStatus
 
     call = call or {}
-    info = RunInfo(
-        run_id=call.get("run_id") or run_id or "",
-        experiment_id=experiment_id(call.get("experiment_id")),
-        user_id="",
-        status=RunStatus.to_string(RunStatus.RUNNING),
-        start_time=call.get("start_time") or _now_ms(),
-        end_time=None,
-        lifecycle_stage=LifecycleStage.ACTIVE,
-        run_name=call.get("run_name") or "",
-    )
+    the_id = call.get("run_id") or run_id or ""
+    arguments = {
+        "run_uuid": the_id,  # MLflow 2.x's required name of the run id
+        "run_id": the_id,
+        "experiment_id": experiment_id(call.get("experiment_id")),
+        "user_id": "",
+        "status": RunStatus.to_string(RunStatus.RUNNING),
+        "start_time": call.get("start_time") or _now_ms(),
+        "end_time": None,
+        "lifecycle_stage": LifecycleStage.ACTIVE,
+        "run_name": call.get("run_name") or "",
+    }
+    info = RunInfo(**compat.accepted(RunInfo, arguments))
     return Run(info, RunData())
 
 
@@ -121,8 +124,8 @@ def finalized_model(call: Mapping[str, Any]) -> Any:
 
 
 def model_info(call: Mapping[str, Any], run_id: str | None) -> Any:
-    """Every flavour's ``log_model`` (``Model.log``): a ``ModelInfo`` with its ``LoggedModel``, as MLflow 3 returns
-    it, for the model this rank would have logged (nothing is saved)."""
+    """Every flavour's ``log_model`` (``Model.log``): a ``ModelInfo`` as this MLflow returns it (MLflow 3: with its
+    ``LoggedModel``; 2.x: a ``runs:/`` URI) for the model this rank would have logged (nothing is saved)."""
     import mlflow
     from mlflow.models.model import ModelInfo
 
@@ -130,22 +133,25 @@ def model_info(call: Mapping[str, Any], run_id: str | None) -> Any:
     flavor = call.get("flavor")
     flavor_name = getattr(flavor, "FLAVOR_NAME", None) or getattr(flavor, "__name__", "model").rsplit(".", 1)[-1]
     in_run = call.get("run_id") or run_id or ""
-    model = logged_model({"name": name, "model_id": call.get("model_id"), "model_type": call.get("model_type"),
-                          "tags": call.get("tags"), "params": call.get("params")}, run_id=in_run)  # fmt: skip
-    return ModelInfo(
-        artifact_path=name,
-        flavors={flavor_name: {}},
-        model_uri=f"models:/{model.model_id}",
-        model_uuid=uuid.uuid4().hex,
-        run_id=in_run,
-        saved_input_example_info=None,
-        signature=call.get("signature"),
-        utc_time_created=str(time.strftime("%Y-%m-%d %H:%M:%S.000000", time.gmtime())),
-        mlflow_version=mlflow.__version__,
-        metadata=call.get("metadata"),
-        prompts=call.get("prompts"),
-        logged_model=model,
-    )
+    model = None
+    if compat.mlflow3():
+        model = logged_model({"name": name, "model_id": call.get("model_id"), "model_type": call.get("model_type"),
+                              "tags": call.get("tags"), "params": call.get("params")}, run_id=in_run)  # fmt: skip
+    arguments = {
+        "artifact_path": name,
+        "flavors": {flavor_name: {}},
+        "model_uri": f"models:/{model.model_id}" if model is not None else f"runs:/{in_run}/{name}",
+        "model_uuid": uuid.uuid4().hex,
+        "run_id": in_run,
+        "saved_input_example_info": None,
+        "signature": call.get("signature"),
+        "utc_time_created": str(time.strftime("%Y-%m-%d %H:%M:%S.000000", time.gmtime())),
+        "mlflow_version": mlflow.__version__,
+        "metadata": call.get("metadata"),
+        "prompts": call.get("prompts"),
+        "logged_model": model,
+    }
+    return ModelInfo(**compat.accepted(ModelInfo, arguments))
 
 
 def registered_model(call: Mapping[str, Any]) -> Any:
@@ -157,8 +163,9 @@ def registered_model(call: Mapping[str, Any]) -> Any:
 def model_version(call: Mapping[str, Any]) -> Any:
     from mlflow.entities.model_registry import ModelVersion
 
-    return ModelVersion(call.get("name") or "", "1", _now_ms(), source=call.get("source"), run_id=call.get("run_id"),
-                        description=call.get("description"), model_id=call.get("model_id"))  # fmt: skip
+    arguments = {"source": call.get("source"), "run_id": call.get("run_id"), "description": call.get("description"),
+                 "model_id": call.get("model_id")}  # fmt: skip
+    return ModelVersion(call.get("name") or "", "1", _now_ms(), **compat.accepted(ModelVersion, arguments))
 
 
 # MlflowClient write methods whose result MLflow promises to be something: what other ranks get instead.

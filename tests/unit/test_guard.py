@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlflow
 from mlflow import MlflowClient
 
-from hvd_mlflow import guard
+from hvd_mlflow import compat, guard
 from hvd_mlflow.topology import Topology
 
 
@@ -41,10 +41,11 @@ def test_every_write_path_is_a_no_op_on_rank_1_and_the_rank_is_asked_at_each_cal
 
 def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypatch):
     import mlflow.pyfunc
-    from mlflow.entities import Experiment, LoggedModel, Run
+    from mlflow.entities import Experiment, Run
     from mlflow.entities.model_registry import ModelVersion, RegisteredModel
     from mlflow.models.model import ModelInfo
 
+    mlflow3 = compat.mlflow3()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
@@ -59,15 +60,22 @@ def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypa
         with mlflow.start_run(run_name="r") as run:
             assert (run.info.experiment_id, run.info.run_name, run.info.status) == ("5", "r", "RUNNING")
             assert mlflow.log_param("k", 3) == 3
-            info = mlflow.pyfunc.log_model(name="net", python_model=object())  # nothing is saved: any object will do
-        assert isinstance(info, ModelInfo) and info.artifact_path == "net" and info.model_uri.startswith("models:/m-")
-        assert info.model_id == info.model_uri.split("/")[-1] and "python_function" in info.flavors
+            # nothing is saved: any object will do; MLflow 3 names the model `name`, 2.x `artifact_path`
+            info = mlflow.pyfunc.log_model(**{"name" if mlflow3 else "artifact_path": "net"}, python_model=object())
+        assert isinstance(info, ModelInfo) and info.artifact_path == "net" and "python_function" in info.flavors
+        if mlflow3:  # a logged model
+            assert info.model_uri.startswith("models:/m-") and info.model_id == info.model_uri.split("/")[-1]
+        else:
+            assert info.model_uri == f"runs:/{run.info.run_id}/net"
         assert info.run_id == run.info.run_id
         client = MlflowClient()
         assert isinstance(mlflow.create_experiment("z"), str) and isinstance(client.create_experiment("z"), str)
         assert isinstance(client.create_run("5"), Run) and client.log_param("run", "k", "v") == "v"
-        model = client.create_logged_model("5", name="m", params={"a": 1})
-        assert isinstance(model, LoggedModel) and model.params == {"a": "1"} and model.name == "m"
+        if mlflow3:  # MLflow 2.x has no logged models
+            from mlflow.entities import LoggedModel
+
+            model = client.create_logged_model("5", name="m", params={"a": 1})
+            assert isinstance(model, LoggedModel) and model.params == {"a": "1"} and model.name == "m"
         assert isinstance(client.create_registered_model("reg"), RegisteredModel)
         version = client.create_model_version("reg", "models:/m-1", run_id="run")
         assert isinstance(version, ModelVersion) and (version.name, version.run_id) == ("reg", "run")

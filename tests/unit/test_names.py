@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from mlflow.utils.validation import _validate_metric_name
 
+from hvd_mlflow import compat
 from hvd_mlflow.errors import HvdMlflowError
 from hvd_mlflow.names import MetricNameCollisionError, NameMap, clean
 
@@ -13,6 +14,8 @@ from hvd_mlflow.names import MetricNameCollisionError, NameMap, clean
      ("a//b", "a/b"), ("/abs", "abs"), ("..", "_"), ("top 1/err:x", "top 1/err:x")],
 )  # fmt: skip
 def test_clean_names_are_accepted_by_mlflow(name, expected):
+    if not compat.names_take_colons():  # MLflow before 2.13 refuses ':' (the oldest row: 2.12)
+        expected = expected.replace(":", "_")
     assert clean(name) == expected
     _validate_metric_name(clean(name))
 
