@@ -80,10 +80,17 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     job = destination.is_azureml_job(uri)
     out.append(Check("AzureML job mode", "yes: logs into the job's run, never creates or ends runs" if job else "no"))
     out.append(_guard("per-run limits", "fix the HVD_MLFLOW_* variable it names", lambda: _budget(uri)))
-    pending = sum(journal.FileJournal.open(p).count() for p in journal.find())
+    pending = sum(_pending(p) for p in journal.find())  # read-only: a training may be writing them
     out.append(Check("pending journal entries", f"{pending} in {journal.default_directory()}", ok=pending == 0,
                      fix="upload them: hvd-mlflow sync" if pending else ""))  # fmt: skip
     return out
+
+
+def _pending(path) -> int:
+    try:
+        return journal.pending_count(path)
+    except journal.NotAJournal:
+        return 0
 
 
 def _ranks() -> Check:

@@ -197,6 +197,17 @@ def companion_of(path: Path) -> Path | None:
     return None
 
 
+def pending_count(path: Path) -> int:
+    """How many entries of the journal at ``path`` wait to be sent, read without writing to the file (``doctor``);
+    :class:`NotAJournal` when it is not an hvd-mlflow journal."""
+    inspect(path)
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
+    try:
+        return int(db.execute("SELECT COUNT(*) FROM entries WHERE state = ?", (PENDING,)).fetchone()[0])
+    finally:
+        db.close()
+
+
 def inspect(path: Path) -> JournalMeta:
     """The meta of the journal at ``path``, read without writing to the file; :class:`NotAJournal` (saying why)
     when it is not an hvd-mlflow journal. Only a file that passes is ever opened for writing by ``sync``."""

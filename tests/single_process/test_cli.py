@@ -76,6 +76,17 @@ def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_s
     assert (
         pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout
     )
+    # the doctor only reads: the journal folder (a live training's, say) holds the same files, the journal and its
+    # -wal byte for byte (-shm is SQLite's shared-memory index, which every reader of a WAL database updates)
+    folder = tmp_path / ".hvd_mlflow" / "journal"
+
+    def contents() -> dict:
+        return {p.name: b"" if p.name.endswith("-shm") else p.read_bytes() for p in folder.iterdir()}
+
+    before = contents()
+    again = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
+    assert "1 in .hvd_mlflow/journal" in again.stdout
+    assert contents() == before
 
 
 def test_bad_input_is_one_line_never_a_traceback(tmp_path, mlflow_server):
