@@ -12,7 +12,7 @@ Example::
 
     for path in journal_paths([Path(".hvd_mlflow/journal/x.journal.sqlite")]):
         result = sync_one(path, tracking_uri=None, keep=False, force=False)
-        print(result.summary(), result.problem())
+        report = result.summary(), result.problem()  # one line each: what went, what is left and why
 """
 
 from __future__ import annotations

@@ -81,5 +81,17 @@ def spy_local_logs(record: Record, key: str = "local") -> None:
     callback_list.on_epoch_end = on_epoch_end
 
 
+class SeenLogs(keras.callbacks.Callback):
+    """A user callback: what a later callback sees at each epoch end (the values hvd-mlflow wrote back), under
+    ``record["seen"]``."""
+
+    def __init__(self, record: dict) -> None:
+        super().__init__()
+        self.record = record
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.record.setdefault("seen", []).append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
+
+
 def weights(model: Any) -> list[list[float]]:
     return [np.asarray(w).ravel().tolist() for w in model.get_weights()]

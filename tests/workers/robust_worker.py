@@ -28,7 +28,18 @@ from pathlib import Path
 
 import horovod.tensorflow as hvd
 import numpy as np
-from common import FLAVOUR, KERAS_MAJOR, Record, data, keras, keras_module, small_model, spy_local_logs, weights
+from common import (
+    FLAVOUR,
+    KERAS_MAJOR,
+    Record,
+    SeenLogs,
+    data,
+    keras,
+    keras_module,
+    small_model,
+    spy_local_logs,
+    weights,
+)
 
 import hvd_mlflow
 from hvd_mlflow import destination, journal, keras_flavour, model_logging, names, run_params, sender
@@ -223,17 +234,6 @@ def _start_run_and_read(mlflow: object, record: Record) -> None:
     record["active_after_end"] = mlflow.active_run() is None  # type: ignore[attr-defined]
 
 
-class Recorder(keras.callbacks.Callback):
-    """A user callback inside the user's CallbackList: what later callbacks see at each epoch end."""
-
-    def __init__(self, record: Record) -> None:
-        super().__init__()
-        self.record = record
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.record.setdefault("seen", []).append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
-
-
 def callback_list(args: argparse.Namespace, record: Record) -> None:
     rank = hvd.rank()
     hvd_mlflow.autolog()
@@ -241,7 +241,7 @@ def callback_list(args: argparse.Namespace, record: Record) -> None:
     model = small_model()
     x, y = data(rank, 96)
     xv, yv = data(rank, 48, seed=10)
-    given = keras_module.callbacks.CallbackList([Recorder(record)], add_history=True, model=model)
+    given = keras_module.callbacks.CallbackList([SeenLogs(record)], add_history=True, model=model)
     record["callback_list_class"] = f"{type(given).__module__}.{type(given).__name__}"
     model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=given, verbose=0)
     record["finished"] = True

@@ -24,8 +24,7 @@ import traceback
 from pathlib import Path
 
 import horovod.tensorflow as hvd
-import numpy as np
-from common import FLAVOUR, KERAS_MAJOR, Record, data, keras, small_model, spy_local_logs
+from common import FLAVOUR, KERAS_MAJOR, Record, SeenLogs, data, small_model, spy_local_logs
 
 import hvd_mlflow
 
@@ -91,17 +90,6 @@ def tutorial(args: argparse.Namespace, record: Record) -> None:
     record.save()
 
 
-class Seen(keras.callbacks.Callback):
-    """What a later callback sees at each epoch end (the values hvd-mlflow wrote back)."""
-
-    def __init__(self, record: dict) -> None:
-        super().__init__()
-        self.record = record
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.record.setdefault("seen", []).append({k: float(np.asarray(v)) for k, v in (logs or {}).items()})
-
-
 def empty_shard(args: argparse.Namespace, record: Record) -> None:
     rank = hvd.rank()
     hvd_mlflow.autolog()
@@ -117,7 +105,7 @@ def empty_shard(args: argparse.Namespace, record: Record) -> None:
             xv, yv = xv[:0], yv[:0]
         start = time.monotonic()
         try:
-            model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=[Seen(fit)],
+            model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=[SeenLogs(fit)],
                       verbose=0)  # fmt: skip
             fit["error"] = None
         except Exception as error:  # noqa: BLE001 - recorded for the test
