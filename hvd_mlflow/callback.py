@@ -198,8 +198,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
                 self._run_logger.start()
             if self._elastic is not None and self.options.resume == "skip":  # what the old rank 0 may not have sent
                 with self._rank0.step("replaying the epochs before the reset", essential=True):
-                    for step, timestamp_ms, values in self._elastic.replay():
-                        self._run_logger.log_metrics(step, values, timestamp_ms=timestamp_ms)
+                    self._run_logger.log_metrics_many(self._elastic.replay())  # one transaction
 
     def _implements_train_batch_hooks(self) -> bool:  # tf_keras: skip per-batch calls unless they are used
         return self.options.log_every_n_steps > 0
@@ -220,9 +219,13 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         write_back(logs if logs is not None else {}, global_values)
         values = {f"batch/{k}": v for k, v in {**global_values, **self._reducer.spread}.items()}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
+        logged = {names[k]: v for k, v in values.items()}
+        timestamp_ms = int(time.time() * 1000)
+        if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
+            self._elastic.link.remember_batch(step, timestamp_ms, logged)
         if self._logging:
             with self._rank0.step("journaling batch values", essential=True):
-                self._run_logger.log_metrics(step, {names[k]: v for k, v in values.items()})
+                self._run_logger.log_metrics(step, logged, timestamp_ms=timestamp_ms)
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
@@ -261,6 +264,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
         logged.update(self._ranks_health(epoch))
+        for key, value in self._epoch_dynamics().items():  # every rank: the time, throughput, learning rate
+            logged.setdefault(key, value)
         if self._logging:
             self._epoch_extras(logged)  # each of its parts inside the rank-0 guard
         timestamp_ms = int(time.time() * 1000)

@@ -29,6 +29,7 @@ from typing import Any
 
 _ATTRIBUTE = "_hvd_mlflow_link"
 HISTORY_EPOCHS = 1000  # recent epochs kept for a replay after a reset (100 metrics each: ~1 MB)
+HISTORY_BATCHES = 20_000  # recent logged batches kept for it (a few metrics each: a few MB)
 _RESET_ERRORS = ("HorovodInternalError", "HostsUpdatedInterrupt")
 # What Horovod's own ``horovod.tensorflow.elastic.run`` treats as a reset when TensorFlow raises it: an
 # ``UnknownError`` from one of Horovod's collective ops (a peer died inside ``fit``).
@@ -46,10 +47,19 @@ class ElasticLink:
         default_factory=collections.OrderedDict
     )  # step -> (timestamp_ms, logged values)
 
+    batch_history: collections.deque[tuple[int, int, dict[str, float]]] = dataclasses.field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY_BATCHES)
+    )  # (step, timestamp_ms, logged values) of recent logged batches
+
     def remember(self, step: int, timestamp_ms: int, values: Mapping[str, float]) -> None:
+        """An epoch's logged values (the extras included: every rank computes them)."""
         self.history[step] = (timestamp_ms, dict(values))
         while len(self.history) > HISTORY_EPOCHS:
             self.history.popitem(last=False)
+
+    def remember_batch(self, step: int, timestamp_ms: int, values: Mapping[str, float]) -> None:
+        """A logged batch's global values (``batch/...``)."""
+        self.batch_history.append((step, timestamp_ms, dict(values)))
 
 
 def link(state: Any) -> ElasticLink:
@@ -84,7 +94,9 @@ class ElasticSession:
         self.link.owns_run = owns_run or self.link.owns_run
 
     def replay(self) -> Iterator[tuple[int, int, dict[str, float]]]:
-        """The recent epochs, for a new rank 0 to send again (the resume rule drops what the run holds)."""
+        """The recent logged batches and epochs, for a new rank 0 to send again (the resume rule drops what the
+        run holds): ``(step, timestamp_ms, values)``."""
+        yield from list(self.link.batch_history)
         for step, (timestamp_ms, values) in list(self.link.history.items()):
             yield step, timestamp_ms, values
 

@@ -8,9 +8,10 @@ on every rank, whatever each rank could compute (NaN then): the collective's lay
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
-from . import divergence, metric_state, run_params
+from . import divergence, keras_flavour, metric_state, run_params
 from ._log import warn_once
 from .system_metrics import summary as system_summary
 
@@ -76,6 +77,50 @@ class EpochExchange:
             per_rank = {k[4:]: v for k, v in self._reducer.carried_per_rank.items() if k.startswith("sys_")}
             out.update(system_summary(per_rank))
         return out
+
+    def _epoch_dynamics(self) -> dict[str, float]:
+        """Every rank's per-epoch extras, after the epoch's collective (when every rank has reached its end): the
+        epoch's wall time, global training samples per second, the optimizer's learning rate. Every rank computes
+        them (its clock measures the same collective's end, its optimizer is the same as rank 0's), so that after
+        an elastic reset the new rank 0 replays them with the epoch's values. What cannot be read is left out (rank
+        0 warns once); nothing here decides a collective."""
+        seconds = time.perf_counter() - self._epoch_start
+        out = {"epoch_time_s": seconds}
+        try:
+            samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
+            if samples and seconds > 0 and not self._counts_batches(samples):
+                out["samples_per_s"] = samples / seconds
+            rate = run_params.current_learning_rate(self.model)
+            if rate is not None:
+                out["learning_rate"] = rate
+        except Exception as error:  # noqa: BLE001 - an optimizer or model of the user's own: the epoch goes on
+            if self._comm.rank == 0:
+                warn_once(f"dynamics:{id(self)}", "hvd-mlflow: %s: %s (the throughput or learning rate is not "
+                          "logged)", type(error).__name__, error)  # fmt: skip
+        return out
+
+    def _counts_batches(self, samples: float) -> bool:
+        """Whether the loss tracker's count, summed over ranks, is the epoch's batches rather than its samples: a
+        custom ``train_step`` that updates its own ``Mean(name="loss")`` without a sample weight (Keras' own
+        example does) counts one per batch. Then ``samples_per_s`` would be batches per second: it is not logged,
+        with one warning (rank 0's). (With a batch size of 1 the two are the same and it is logged.)"""
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if not steps or self._batch_size == 1 or samples != steps * self._comm.size:
+            return False
+        own_step = type(self.model).train_step is not keras_flavour.model_class(self._flavour or "keras").train_step
+        if not own_step:  # Keras' train_step counts samples: batches of one sample (a dataset batched by 1)
+            return False
+        if self._comm.rank == 0:
+            warn_once(
+                f"counts-batches:{id(self)}",
+                "hvd-mlflow: the loss tracker counts batches, not samples (%d over %d ranks, %s steps each): a "
+                "custom train_step that calls loss_tracker.update_state(loss) without sample_weight. samples_per_s "
+                "is not logged; pass sample_weight=batch size to update_state to have it.",
+                int(samples),
+                self._comm.size,
+                steps,
+            )
+        return True
 
     def _epoch_carry(self) -> dict[str, float]:
         """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""

@@ -40,7 +40,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -89,6 +89,9 @@ class Entry:
     step: int | None
     timestamp_ms: int | None
     payload: dict[str, Any]
+
+
+NewEntry = tuple[str, Mapping[str, Any], "int | None", "int | None"]  # what append takes: kind, payload, step, ms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Journal(Protocol):
     def append(
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int: ...
+    def append_many(self, entries: Sequence[NewEntry]) -> int: ...
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]: ...
     def count(self, state: int = PENDING) -> int: ...
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
@@ -350,6 +354,18 @@ class FileJournal:
         )
         return int(cursor.lastrowid)
 
+    def append_many(self, entries: Sequence[NewEntry]) -> int:
+        """Commit several entries in one transaction (one fsync); the last one's sequence number (0: none)."""
+        seq = 0
+        with self._transaction():
+            for kind, payload, step, timestamp_ms in entries:
+                cursor = self._db.execute(
+                    "INSERT INTO entries (kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?)",
+                    (kind, step, timestamp_ms, json.dumps(dict(payload), allow_nan=True)),
+                )
+                seq = int(cursor.lastrowid)
+        return seq
+
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         """Up to ``limit`` unacknowledged entries (of ``kinds``, if given) with a sequence number above ``after``,
         oldest first."""
@@ -463,6 +479,13 @@ class MemoryJournal:
     ) -> int:
         with self._lock:
             return self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
+
+    def append_many(self, entries: Sequence[NewEntry]) -> int:
+        seq = 0
+        with self._lock:
+            for kind, payload, step, timestamp_ms in entries:
+                seq = self.append(kind, payload, step=step, timestamp_ms=timestamp_ms)
+        return seq
 
     def _add(self, entry: Entry) -> int:
         size = len(entry.payload) if entry.kind in ("metrics", "over_budget") else 0  # values, held ones too
@@ -607,6 +630,12 @@ class LiveJournal:
         self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
     ) -> int:
         seq = self._call("append", kind, payload, step=step, timestamp_ms=timestamp_ms)
+        self._last_seq = max(self._last_seq, seq)
+        return seq
+
+    def append_many(self, entries: Sequence[NewEntry]) -> int:
+        """Several entries in one transaction (all or none of them, before a fall-back to memory retries them)."""
+        seq = self._call("append_many", list(entries))
         self._last_seq = max(self._last_seq, seq)
         return seq
 

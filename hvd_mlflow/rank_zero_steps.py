@@ -44,17 +44,11 @@ class RankZeroSteps:
         return first_step, every
 
     def _epoch_extras(self, logged: dict[str, float]) -> None:
-        """Rank 0 at an epoch end: the inexact keys' tag, and the epoch time, throughput and learning rate."""
+        """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every
+        rank's: :meth:`hvd_mlflow.epoch_exchange.EpochExchange._epoch_dynamics`)."""
         if self._reducer.inexact - self._inexact_logged:
             with self._rank0.step("recording which values are not exact"):
                 self._record_inexact()
-        with self._rank0.step("the epoch time and throughput"):
-            for key, value in self._timing().items():
-                logged.setdefault(key, value)
-        with self._rank0.step("the learning rate"):
-            rate = run_params.current_learning_rate(self.model)
-            if rate is not None:
-                logged.setdefault("learning_rate", rate)
 
     def _finish_logging(self, status: str) -> None:
         """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
@@ -179,37 +173,6 @@ class RankZeroSteps:
         )
         self._run_logger.log_params({**params, **self.options.extra_params})
         self._run_logger.log_tags(run_params.hosts_tag(self._hosts))
-
-    def _timing(self) -> dict[str, float]:
-        """Rank 0's per-epoch extras: the epoch's wall time, and global training samples per second."""
-        seconds = time.perf_counter() - self._epoch_start
-        out = {"epoch_time_s": seconds}
-        samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
-        if samples and seconds > 0 and not self._counts_batches(samples):
-            out["samples_per_s"] = samples / seconds
-        return out
-
-    def _counts_batches(self, samples: float) -> bool:
-        """Whether the loss tracker's count, summed over ranks, is the epoch's batches rather than its samples: a
-        custom ``train_step`` that updates its own ``Mean(name="loss")`` without a sample weight (Keras' own
-        example does) counts one per batch. Then ``samples_per_s`` would be batches per second: it is not logged,
-        with one warning. (With a batch size of 1 the two are the same and it is logged.)"""
-        steps = (getattr(self, "params", None) or {}).get("steps")
-        if not steps or self._batch_size == 1 or samples != steps * self._comm.size:
-            return False
-        own_step = type(self.model).train_step is not keras_flavour.model_class(self._flavour or "keras").train_step
-        if not own_step:  # Keras' train_step counts samples: batches of one sample (a dataset batched by 1)
-            return False
-        warn_once(
-            f"counts-batches:{id(self)}",
-            "hvd-mlflow: the loss tracker counts batches, not samples (%d over %d ranks, %s steps each): a custom "
-            "train_step that calls loss_tracker.update_state(loss) without sample_weight. samples_per_s is not "
-            "logged; pass sample_weight=batch size to update_state to have it.",
-            int(samples),
-            self._comm.size,
-            steps,
-        )
-        return True
 
     def _open_csv(self, append: bool) -> None:
         if self._csv_logger is None:

@@ -9,7 +9,7 @@ artifact, with a warning.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +137,13 @@ class RunLogger:
         when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         self.journal.append("metrics", values, step=step, timestamp_ms=when)
         self.sender.notify()
+
+    def log_metrics_many(self, points: Iterable[tuple[int, int, Mapping[str, float]]]) -> None:
+        """Several ``(step, timestamp_ms, values)`` points in one journal transaction (one fsync)."""
+        entries = [("metrics", values, step, timestamp_ms) for step, timestamp_ms, values in points]
+        if entries:
+            self.journal.append_many(entries)
+            self.sender.notify()
 
     def wait_for_run(self, timeout: float) -> str | None:
         return self.sender.wait_for_run(timeout)

@@ -4,7 +4,8 @@ Two processes (discovery script: ``localhost:1`` and ``127.0.0.1:1``), tf_keras 
 Keras state does not work with Keras 3). The first rank 0 SIGKILLs itself right after the end of global epoch
 2, whose values are then in its journal but most likely not yet sent (the sender waits 0.5 s between requests).
 Every epoch the survivors completed must be in the run exactly once, at the elastic state's epoch, with the
-global value of the ranks that ran it: both ranks' mean before the kill, the survivor's own value after.
+global value of the ranks that ran it: both ranks' mean before the kill, the survivor's own value after; with
+hvd-mlflow's per-epoch extras and every logged batch once, before any ``sync`` of the killed rank 0's journal.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tests.support.proxy import Proxy
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
 EPOCHS, KILL_AT = 8, 2
+EVERY, BATCHES_PER_EPOCH = 2, 6  # batch values logged every 2 steps; 96 samples per rank in batches of 16
+DYNAMICS = ("learning_rate", "epoch_time_s", "samples_per_s")  # hvd-mlflow's per-epoch extras
 WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 
@@ -87,7 +90,7 @@ def assert_every_epoch_once(client, experiment: str, by_epoch: dict[int, list[di
 
 
 def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_server, client, keras_mode):
-    output, experiment, seconds = elastic_training(tmp_path, mlflow_server.url, keras_mode)
+    output, experiment, seconds = elastic_training(tmp_path, mlflow_server.url, keras_mode, "--every", str(EVERY))
     by_epoch = epochs_by_global_epoch(tmp_path)
     assert sorted(by_epoch) == list(range(EPOCHS)), sorted(by_epoch)  # the survivors finished the training
     assert all(by_epoch[e][0]["size"] == 2 for e in range(KILL_AT + 1))  # before the kill: 2 ranks
@@ -97,7 +100,13 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     redone = [e for e, group in by_epoch.items() if len(group) > group[0]["size"]]
     assert len(list(tmp_path.glob("done-*.json"))) == 1  # one process finished; the killed one did not
 
-    assert_every_epoch_once(client, experiment, by_epoch)  # the new rank 0 ended the run it inherited
+    run_id = assert_every_epoch_once(client, experiment, by_epoch)  # the new rank 0 ended the run it inherited
+    # what the killed rank 0 had not sent, the survivor replayed: the epochs' extras and the batch points too
+    for key in DYNAMICS:
+        assert sorted(p.step for p in client.get_metric_history(run_id, key)) == list(range(EPOCHS)), key
+    batches = BATCHES_PER_EPOCH * (EPOCHS + len(redone))  # optimizer steps: the redone epoch's go on counting
+    batch_steps = sorted(p.step for p in client.get_metric_history(run_id, "batch/loss"))
+    assert batch_steps == list(range(EVERY, batches + 1, EVERY)), batch_steps  # each logged batch once
     # the killed rank 0 left its journal (no outcome, no hand-over): sync delivers it and never ends the shared run
     # (it was ended KILLED here, on top of the survivor's FINISHED)
     assert journals(tmp_path)

@@ -275,3 +275,30 @@ def test_a_journal_that_moves_to_memory_marks_its_file_at_once_when_it_can(tmp_p
     assert seen.meta().moved_to_memory and seen.meta().run_id == "r" and seen.count() == 1
     seen.close()
     live.release(delete=False)
+
+
+def test_appending_many_entries_is_one_transaction_all_or_none(tmp_path):
+    """An elastic replay journals its epochs and batches at once: one transaction (one fsync), and a payload
+    that cannot be written leaves none of them (the file is not left with half a replay)."""
+    journal = FileJournal.create(tmp_path, meta())
+    statements: list[str] = []
+    journal._db.set_trace_callback(statements.append)
+    last = journal.append_many([("metrics", {"loss": 1.0 / (s + 1)}, s, 100 + s) for s in range(5)])
+    journal._db.set_trace_callback(None)
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert [(e.seq, e.step, e.timestamp_ms, e.payload) for e in journal.pending()][-1] == (last, 4, 104, {"loss": 0.2})
+    assert journal.count() == 5
+    with pytest.raises(TypeError):
+        journal.append_many([("metrics", {"loss": 2.0}, 5, 105), ("metrics", {"loss": object()}, 6, 106)])
+    assert journal.count() == 5 and not journal._db.in_transaction
+    assert journal.append_many([]) == 0
+
+
+def test_live_journal_appends_many_to_memory_after_a_fall_back(tmp_path):
+    live = LiveJournal(FileJournal.create(tmp_path, meta(run_id="r")))
+    live.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    live.file._db.execute("PRAGMA query_only = ON")  # the file fails inside the transaction: memory takes all
+    last = live.append_many([("metrics", {"loss": 0.5}, 1, 2), ("metrics", {"loss": 0.25}, 2, 3)])
+    assert live.in_memory
+    assert [(e.step, e.payload["loss"]) for e in live.pending()] == [(0, 1.0), (1, 0.5), (2, 0.25)]
+    assert last == live.pending()[-1].seq

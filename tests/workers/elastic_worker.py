@@ -5,6 +5,7 @@ state's epoch (the global epoch), this process's rank and the world size then, K
 before any callback runs) and the logs after every callback (the global values). The process that starts as
 rank ``--kill-start-rank`` (default 0) SIGKILLs itself at the end of global epoch ``--kill-at``, after every
 callback (the commit included).
+With ``--every N``, batch values are logged every N steps (``log_every_n_steps``).
 With ``--idle-probe S``, a survivor measures its own CPU time over S idle seconds
 right after the reset (at the restarted fit's train begin) and after the training, into ``done-<pid>.json``.
 """
@@ -43,13 +44,14 @@ def main() -> None:
     parser.add_argument("--kill-at", type=int, default=2)
     parser.add_argument("--kill-start-rank", type=int, default=0)
     parser.add_argument("--idle-probe", type=float, default=0.0)
+    parser.add_argument("--every", type=int, default=0, help="log_every_n_steps")
     args = parser.parse_args()
     hvd.init()
     doomed = hvd.rank() == args.kill_start_rank
     probes: dict[str, float] = {}
     logging.basicConfig(level=logging.INFO, format=f"[pid {os.getpid()}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
-    hvd_mlflow.autolog()
+    hvd_mlflow.autolog(log_every_n_steps=args.every)
     keras.utils.set_random_seed(7)
     model = keras.Sequential(
         [keras.Input(shape=(8,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1, "sigmoid")]
