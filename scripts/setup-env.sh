@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Create (or bring up to date) a virtual environment for one row of the support matrix.
 #
-#   scripts/setup-env.sh [tf2.16|tf2.15]      # default tf2.16; prints the venv's path on the last line
+#   scripts/setup-env.sh [tf2.16|newest|oldest]   # default tf2.16; prints the venv's path on the last line
 #
-# Everything is pinned by requirements/<matrix>.txt, used as a constraints file in every pip call.
+# The rows (docs/support-matrix.md): tf2.16 = AzureML today (.venv), newest = plain MLflow, newest (.venv-newest),
+# oldest = the oldest versions declared (.venv-oldest).
+# Everything is pinned by requirements/<matrix>.txt, used as a constraints file in every pip call. A line
+#   # setup-env: python=python3.10 controllers=gloo extras=test,azureml
+# in that file picks the Python, Horovod's controllers and hvd-mlflow's extras (defaults: python3.11; mpi-gloo for
+# tf2.16, else gloo; test,azureml).
 # Horovod 0.28.1 is source-only: it is compiled against the venv's TensorFlow, and the wheel is cached
 # outside the clone, keyed by Python and TensorFlow versions ($HVD_MLFLOW_CACHE, default
-# ~/.cache/hvd-mlflow). With an empty cache it is built from source (3-5 minutes on 2 cores).
+# ~/.cache/hvd-mlflow), and controllers. With an empty cache it is built from source (3-5 minutes on 2 cores).
 # The primary environment (tf2.16, AzureML's) builds it with MPI and Gloo, as AzureML's images do
 # (examples/azureml/environment/Dockerfile): Open MPI's mpirun is how AzureML starts every rank. Open MPI comes
 # from Debian (openmpi-bin, libopenmpi-dev) when root. The other environments stay Gloo-only.
@@ -17,8 +22,18 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 constraints="$root/requirements/$matrix.txt"
 [ -f "$constraints" ] || { echo "unknown matrix '$matrix' (no $constraints)" >&2; exit 2; }
 case "$matrix" in tf2.16) venv="$root/.venv" ;; *) venv="$root/.venv-$matrix" ;; esac
-python=${PYTHON:-python3.11}
+setting() { sed -nE "s/^# setup-env:.* $1=([^ ]+).*/\1/p" "$constraints" | head -n 1; }
+python=${PYTHON:-$(setting python)}; python=${python:-python3.11}
+controllers=$(setting controllers)
+case "$matrix" in tf2.16) controllers=${controllers:-mpi-gloo} ;; *) controllers=${controllers:-gloo} ;; esac
+extras=$(setting extras); extras=${extras:-test,azureml}
 log() { echo "[setup-env $matrix] $*" >&2; }
+# pyenv's shim refuses a version that is not pyenv's global one: then take the interpreter from pyenv's versions.
+if ! "$python" -c '' 2>/dev/null; then
+  for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"${python#python}".*/bin/"$python"; do
+    [ -x "$candidate" ] && { python=$candidate; break; }
+  done
+fi
 
 pin() { sed -nE "s/^$1==([^ ]+).*/\1/p" "$constraints"; }
 
@@ -44,7 +59,8 @@ fi
 # Horovod, compiled against this TensorFlow (cached by Python + TensorFlow version).
 hvd=$(pin horovod)
 pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-case "$matrix" in tf2.16) controllers=mpi-gloo; mpi_flag=HOROVOD_WITH_MPI=1 ;; *) controllers=gloo; mpi_flag=HOROVOD_WITHOUT_MPI=1 ;; esac
+case "$controllers" in mpi-gloo) mpi_flag=HOROVOD_WITH_MPI=1 ;; gloo) mpi_flag=HOROVOD_WITHOUT_MPI=1 ;;
+  *) echo "unknown controllers '$controllers' in $constraints (mpi-gloo or gloo)" >&2; exit 2 ;; esac
 cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf-$controllers"
 apt_install() {  # what [package...]: Debian packages when root, else say what is missing
   local what=$1; shift
@@ -75,8 +91,8 @@ if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
 fi
 pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
 
-log "installing hvd-mlflow (editable) with the test and azureml extras"
-pip install -c "$constraints" -e "$root[test,azureml]"
+log "installing hvd-mlflow (editable) with the extras $extras"
+pip install -c "$constraints" -e "$root[$extras]"
 
 "$venv/bin/python" "$root/scripts/check_environment.py" "$controllers"
 echo "$want" > "$stamp"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Set up both pinned environments (from nothing if needed) and run every test:
-#   ruff, then pytest three times: TF 2.16 + Keras 3, TF 2.16 + tf_keras (TF_USE_LEGACY_KERAS=1, the AzureML
-#   default), TF 2.15 + Keras 2. Extra arguments go to pytest (e.g. -k multirank, -x).
+# Set up the support matrix's three rows (from nothing if needed; docs/support-matrix.md) and run every test:
+#   ruff, then pytest once per row: "plain MLflow, newest" (TF 2.16 + Keras 3, MLflow 3.17, no AzureML plugin),
+#   "AzureML today" (TF 2.16 + tf_keras with TF_USE_LEGACY_KERAS=1, MLflow 3.15 + azureml-mlflow), "oldest
+#   supported" (TF 2.15 + Keras 2, MLflow 2.12 + azureml-mlflow 1.56, Python 3.10). Extra arguments go to pytest.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 start=$(date +%s)
 
 venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
-venv215=$(scripts/setup-env.sh tf2.15 | tail -n 1) || exit 1
+venv_newest=$(scripts/setup-env.sh newest | tail -n 1) || exit 1
+venv_oldest=$(scripts/setup-env.sh oldest | tail -n 1) || exit 1
 # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
 if ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -33,21 +35,22 @@ run_suite() {  # label python [env...]
   env "$@" "$python" -m pytest -q -p no:cacheprovider --durations=12 --junitxml="$reports/$label.xml" "${pytest_args[@]}" || status=1
   echo "== $label: $(( $(date +%s) - t0 )) s"
 }
-# The fault-injection suite tests rank 0's delivery, the browser test reads what the MLflow UI draws, the docs test
-# runs the docs' code blocks, and the tests marked "once" (AzureML's limits, the guard on rank 1, the 8-rank golden
-# case, throttling) check what the Keras flavour does not change: they run once, in the primary environment.
-# The multi-node suite (Open MPI over network namespaces) runs once, in the tf_keras environment (AzureML's
-# default); the one-host mpirun test runs where Horovod has MPI (tf_keras) and where it has not (TF 2.15).
-pytest_args=(-m "not multinode and not mpirun" "$@")
-run_suite keras3 "$venv/bin/python" TF_USE_LEGACY_KERAS=0
-pytest_args=(-m "multinode or mpirun or not (faults or browser or docs or once)" "$@")
-run_suite tf_keras "$venv/bin/python" TF_USE_LEGACY_KERAS=1
+# Each test runs in one row only, but the flavour-dependent ones (in every row). The fault-injection suite, the browser
+# test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling, the
+# command line) check what neither the Keras flavour nor the MLflow version changes: they run once, in the newest
+# row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin path) run
+# where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in the
+# AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest).
+pytest_args=(-m "not multinode and not mpirun and not azureml" "$@")
+run_suite newest "$venv_newest/bin/python" TF_USE_LEGACY_KERAS=0
+pytest_args=(-m "multinode or mpirun or azureml or not (faults or browser or docs or once)" "$@")
+run_suite azureml "$venv/bin/python" TF_USE_LEGACY_KERAS=1
 pytest_args=(-m "mpirun or not (faults or browser or docs or once or multinode)" "$@")
-run_suite tf2.15 "$venv215/bin/python" TF_USE_LEGACY_KERAS=0
+run_suite oldest "$venv_oldest/bin/python" TF_USE_LEGACY_KERAS=0
 
-echo "== benchmarks, quick mode (TF 2.15: the only environment where the seed recipe runs)"
+echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)
-"$venv215/bin/python" -m bench.run --quick || status=1
+"$venv_oldest/bin/python" -m bench.run --quick || status=1
 echo "== benchmarks: $(( $(date +%s) - t0 )) s"
 
 "$venv/bin/python" scripts/junit_summary.py "$reports"

@@ -19,9 +19,16 @@ def test_a_bare_pip_install_imports_and_says_what_is_missing(tmp_path):
     env_dir = tmp_path / "bare"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
-                             capture_output=True, text=True, timeout=800)  # fmt: skip
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # A team on its own MLflow server already has the newest MLflow (3.17.2 on this index): installing hvd-mlflow
+    # keeps it (install_requires has no upper cap; the azureml extra keeps azureml-mlflow's own).
+    newest = subprocess.run([*pip, "mlflow-skinny==3.17.2"], capture_output=True, text=True, timeout=800)
+    assert newest.returncode == 0, newest.stderr[-3000:]
+    install = subprocess.run([*pip, str(ROOT)], capture_output=True, text=True, timeout=800)
     assert install.returncode == 0, install.stderr[-3000:]
+    kept = subprocess.run([str(python), "-c", "import importlib.metadata as m; print(m.version('mlflow-skinny'))"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert kept.stdout.strip() == "3.17.2", kept.stdout + kept.stderr
     script = (
         "import hvd_mlflow\n"
         "try:\n"
