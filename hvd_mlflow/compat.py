@@ -49,6 +49,18 @@ def mlflow3(version: str | None = None) -> bool:
     return parse(version or mlflow_version()) >= (3,)
 
 
+def command_line_client(tracking_uri: str) -> Any:
+    """An ``MlflowClient`` for a command (``sync``, ``import-csv``): MLflow 2.x's ``mlflow-artifacts`` repository
+    takes the tracking URI from MLflow's global setting, not from the client (with ``--tracking-uri`` and no
+    ``MLFLOW_TRACKING_URI``, uploading an artifact failed: "the configured tracking uri scheme: 'file' is invalid"),
+    so there the command's process sets it too; MLflow 3 passes the client's on."""
+    import mlflow
+
+    if not mlflow3():
+        mlflow.set_tracking_uri(tracking_uri)
+    return mlflow.MlflowClient(tracking_uri)
+
+
 def log_tensorflow_model(model: Any, name: str, run_id: str, pip_requirements: list[str]) -> None:
     """``mlflow.tensorflow.log_model`` into ``run_id`` (not the thread's active run): MLflow 3 takes ``name`` and
     ``run_id``; 2.x's takes ``artifact_path`` and no run (it logs into the active run, or starts one), so there

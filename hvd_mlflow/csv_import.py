@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from . import compat
 from .aggregate import scalar
 from .delivery import JOURNAL_ID_TAG, Uploader
 from .journal import JournalMeta, MemoryJournal
@@ -93,10 +94,9 @@ def import_csv(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Imported:
     import mlflow
-    from mlflow import MlflowClient
 
     uri = tracking_uri or mlflow.get_tracking_uri()
-    client = MlflowClient(uri)
+    client = compat.command_line_client(uri)
     rows = read_csv_logger(path)
     checksum = hashlib.sha256(path.read_bytes()).hexdigest()
     journal = MemoryJournal(JournalMeta(

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from . import destination
+from . import compat, destination
 from . import journal as journal_module
 from .journal import Entry, FileJournal, JournalMeta
 
@@ -106,7 +106,6 @@ def sync_one(
 def _deliver(
     journal: FileJournal, tracking_uri: str | None, *, keep: bool, on_progress: Callable[[int, int], None] | None
 ) -> Synced:
-    from mlflow import MlflowClient
 
     from .delivery import Uploader
     from .limits import for_tracking_uri
@@ -119,7 +118,7 @@ def _deliver(
         if not uri:
             raise ValueError(f"{path}: its tracking URI carried credentials, which journals never store; give it "
                              "with --tracking-uri or MLFLOW_TRACKING_URI")  # fmt: skip
-    client = MlflowClient(uri)
+    client = compat.command_line_client(uri)
     result = Synced(path)
     _settle_outcome(journal, meta, client, result)
     uploader = Uploader(journal, client, for_tracking_uri(uri))

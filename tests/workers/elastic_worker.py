@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -102,11 +103,32 @@ def main() -> None:
     (args.out / f"done-{os.getpid()}.json").write_text(json.dumps({"epoch": int(state.epoch), "idle_cpu": probes}))
 
 
-def idle_cpu_fraction(seconds: float) -> float:
-    """This process's CPU time (every thread) over ``seconds`` of doing nothing, as a fraction of the wall time."""
-    cpu, wall = time.process_time(), time.monotonic()
+def idle_cpu_fraction(seconds: float) -> dict:
+    """This process's CPU time over ``seconds`` of doing nothing, as a fraction of the wall time: in all, and per
+    thread (Linux's /proc/self/task), by its Python name, or ``native`` for threads Python did not start (TensorFlow's,
+    Horovod's background loop)."""
+    cpu, wall, threads = time.process_time(), time.monotonic(), thread_cpu()
     time.sleep(seconds)
-    return (time.process_time() - cpu) / (time.monotonic() - wall)
+    elapsed = time.monotonic() - wall
+    after = thread_cpu()
+    by_name: dict[str, float] = {}
+    for tid, (name, ticks) in after.items():
+        by_name[name] = by_name.get(name, 0.0) + (ticks - threads.get(tid, (name, 0))[1]) / os.sysconf("SC_CLK_TCK")
+    return {"total": (time.process_time() - cpu) / elapsed, "threads": {k: v / elapsed for k, v in by_name.items()}}
+
+
+def thread_cpu() -> dict[str, tuple[str, int]]:
+    """tid -> (thread name, user + system clock ticks so far)."""
+    out = {}
+    names = {thread.native_id: thread.name for thread in threading.enumerate()}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = names.get(int(task.name), "native")
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[task.name] = (name, int(fields[11]) + int(fields[12]))
+        except (OSError, IndexError, ValueError):  # the thread ended meanwhile
+            continue
+    return out
 
 
 if __name__ == "__main__":
