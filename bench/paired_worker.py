@@ -3,7 +3,9 @@
 ``--model realistic``: a dense 128-512-512-1 model on 4,096 samples per rank (batches of 128: 32 steps, about half
 a second per epoch on these CPUs), ``accuracy`` and ``AUC``, gradients averaged over the ranks, validation on 512
 samples. ``--model small``: overhead_worker.py's dense 16-16-1 on 64 samples per rank, ``accuracy``, 2 steps and
-validation on 32 (~40 ms epochs: the worst case for per-epoch costs). Fits run in
+validation on 32 (~40 ms epochs: the worst case for per-epoch costs). ``--model batches``: the same model on 2,048
+samples per rank, 64 steps of ~2 ms per epoch (variants ``hvd-batch1`` and ``hvd-batch10``: ``log_every_n_steps``
+1 and 10, against ``hvd``, epoch-only logging). Fits run in
 pairs: one without logging, one with the variant (the order alternates from pair to pair), so that the machine's
 drift cancels inside each pair; separate processes per variant were +-7% noisy here, too much to see 1%.
 
@@ -77,6 +79,7 @@ def instrument() -> None:
     timed(collectives.Horovod, "allgather", "collective_ms")
     timed(metric_state._Computer, "many", "compute_ms")
     timed(journal.LiveJournal, "append", "journal_append_ms")
+    timed(journal.LiveJournal, "append_many", "journal_append_ms")  # the epoch's (with its batch points)
     timed(callback.HorovodMlflowCallback, "on_epoch_end", "epoch_end_total_ms")
     timed(callback.HorovodMlflowCallback, "on_test_begin", "epoch_end_total_ms")
 
@@ -162,6 +165,7 @@ def request_cpu_floor_ms(logs: dict[str, float], repeats: int = FLOOR_REQUESTS) 
 MODELS = {  # name: (samples per rank, batch size, validation samples)
     "realistic": (4096, 128, 512),  # dense 128-512-512-1, accuracy and AUC: ~0.4 s epochs of 32 steps
     "small": (64, 32, 32),  # overhead_worker.py's dense 16-16-1, accuracy: ~35 ms epochs of 2 steps, the worst case
+    "batches": (2048, 32, 256),  # the same dense 16-16-1 on 64 steps of ~2 ms: what per-batch logging costs
 }
 
 
@@ -170,7 +174,7 @@ def model_and_data(name: str, rank: int):
     rng = np.random.default_rng(rank)
     keras.utils.set_random_seed(1)
     dense = keras.layers.Dense
-    if name == "small":
+    if name in ("small", "batches"):
         x = rng.normal(size=(samples, 16)).astype("float32")
         y = (x.sum(axis=1) > 0).astype("float32")
         model = keras.Sequential([keras.Input(shape=(16,)), dense(16, "relu"), dense(1, "sigmoid")])
@@ -185,17 +189,18 @@ def model_and_data(name: str, rank: int):
     return model, x, y
 
 
-VARIANTS = ("hvd", "hvd-mean", "hvd-system", "seed", "mlflow")
+VARIANTS = ("hvd", "hvd-mean", "hvd-system", "hvd-batch1", "hvd-batch10", "seed", "mlflow")
 
 
 def switch(variant: str, on: bool, out: Path) -> list:
     """Turn ``variant``'s logging on or off for the next fit; the callbacks it needs (``none``: nothing)."""
     import hvd_mlflow
 
-    if variant in ("hvd", "hvd-mean", "hvd-system"):
-        if on:
+    if variant.startswith("hvd"):
+        if on:  # hvd-batch<N>: log_every_n_steps=N
+            every = int(variant.removeprefix("hvd-batch")) if variant.startswith("hvd-batch") else 0
             hvd_mlflow.autolog(reduction="mean" if variant == "hvd-mean" else "exact", log_models=False,
-                               system_metrics=variant == "hvd-system")  # fmt: skip
+                               system_metrics=variant == "hvd-system", log_every_n_steps=every)  # fmt: skip
         else:
             hvd_mlflow.autolog(disable=True)
         return []

@@ -274,7 +274,58 @@ def paired(
                 "metric_requests_per_epoch": metric_requests / (pairs * epochs), "profile_ms": result["profile_ms"],
                 "server_cpu_ms_per_epoch": server_cpu * 1000 / (pairs * epochs),
                 "floors_ms": result.get("floors_ms", {}),
+                "experiment_id": experiment,
             })  # fmt: skip
+    return rows
+
+
+def startup(server: MlflowServer, latencies: list[float], pairs: int, work: Path) -> list[dict]:
+    """What logging adds before the first epoch ends, by pairs of fresh 2-rank jobs (the order alternates): one
+    without logging, one with ``hvd_mlflow.autolog()`` or ``mlflow.tensorflow.autolog()``, each logging into a
+    new run of its own through the latency proxy. bench/startup_worker.py times the set-up and the first epoch."""
+    rows = []
+    for latency in latencies:
+        fault = (lambda r, d=latency: Delay(d)) if latency else None
+        for variant in ("hvd", "mlflow"):
+            with Proxy(server.url, fault=fault) as proxy:
+                experiment = MlflowClient(server.url).create_experiment(f"bench-startup-{uuid.uuid4().hex[:8]}")
+                env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
+                results: dict[str, list[dict]] = {"none": [], variant: []}
+                for pair in range(pairs):
+                    for running in ["none", variant] if pair % 2 == 0 else [variant, "none"]:
+                        out = Path(tempfile.mkdtemp(dir=work))
+                        launch("startup_worker.py", ["--variant", running, "--out", str(out)], env, out)
+                        results[running].append(json.loads((out / "result.json").read_text()))
+            added = [(w["first_epoch_end_s"] - n["first_epoch_end_s"]) * 1000
+                     for w, n in zip(results[variant], results["none"], strict=True)]  # fmt: skip
+            rows.append({
+                "latency_ms": int(latency * 1000), "variant": variant, "pairs": pairs,
+                "first_epoch_end_s_without": statistics.median(r["first_epoch_end_s"] for r in results["none"]),
+                "first_epoch_end_added_ms_median": statistics.median(added),
+                "first_epoch_end_added_ms_pairs": [round(a, 1) for a in added],
+                "set_up_s_median": statistics.median(r["set_up_s"] for r in results[variant]),
+                "fit_s_median": statistics.median(r["fit_s"] for r in results[variant]),
+                "fit_s_without": statistics.median(r["fit_s"] for r in results["none"]),
+            })  # fmt: skip
+    return rows
+
+
+BATCH_STEPS = 64  # paired_worker.py's "batches" model: 2,048 samples per rank in batches of 32
+
+
+def per_batch(server: MlflowServer, pairs: int, epochs: int, work: Path, threads: int) -> list[dict]:
+    """What log_every_n_steps costs, by pairs in one job: each pair's other fit logs epochs only (``hvd``); added
+    ms per ~2 ms batch, and the batch points read back from the server against those the fits logged."""
+    client = MlflowClient(server.url)
+    rows = paired(server, [0.0], pairs, epochs, work, ["hvd-batch1", "hvd-batch10"], threads, model="batches",
+                  against="hvd")  # fmt: skip
+    for row in rows:
+        every = int(row["variant"].removeprefix("hvd-batch"))
+        runs = client.search_runs([row["experiment_id"]], max_results=1000)
+        row["added_ms_per_batch"] = row["added_ms_median"] / BATCH_STEPS
+        row["batch_s_without"] = row["epoch_s_without"] / BATCH_STEPS
+        row["batch_points"] = sum(len(client.get_metric_history(r.info.run_id, "batch/loss")) for r in runs)
+        row["batch_points_expected"] = pairs * epochs * BATCH_STEPS // every
     return rows
 
 
@@ -333,7 +384,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--only", choices=["realistic", "small", "overhead"], help="run only this section")
+    parser.add_argument("--only", choices=["realistic", "small", "batches", "startup", "overhead"],
+                        help="run only this section")  # fmt: skip
     parser.add_argument("--variants", nargs="+", help="paired sections: only these variants (e.g. hvd seed)")
     parser.add_argument("--pairs", type=int, help="paired sections: pairs per variant (default 1 quick, 8 full)")
     parser.add_argument("--threads", type=int, default=1, help="paired sections: TensorFlow threads per rank")
@@ -360,6 +412,16 @@ def main() -> None:
                     results["small"] += paired(server, latencies, pairs, epochs, work, ["hvd"], args.threads,
                                                model="small", against="seed")  # fmt: skip
             if args.only == "small":
+                raise _Done
+            if args.only in (None, "batches"):  # per-batch logging against epoch-only, by pairs
+                results["batches"] = per_batch(server, args.pairs or (1 if quick else 8), 3 if quick else 10, work,
+                                               args.threads)  # fmt: skip
+            if args.only == "batches":
+                raise _Done
+            if args.only in (None, "startup"):  # fresh jobs: fit() to the first epoch end, autolog()'s own time
+                results["startup"] = startup(server, [0.0] if quick else [0.0, 0.3], args.pairs or (1 if quick else 5),
+                                             work)  # fmt: skip
+            if args.only == "startup":
                 raise _Done
             if args.only != "overhead":
                 pairs = args.pairs or (1 if quick else 8)
@@ -413,6 +475,25 @@ def report(results: dict) -> None:
             if r.get("floors_ms"):
                 print("           floors (same job, no-logging fits): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
                                                                                    r["floors_ms"].items()))  # fmt: skip
+    if results.get("startup"):
+        print("start-up, by pairs of fresh 2-rank jobs (the other job of each pair logs nothing):")
+    for r in results.get("startup", []):
+        added, without = r["first_epoch_end_added_ms_median"], r["first_epoch_end_s_without"] * 1000
+        print(f"  {r['latency_ms']:>4} ms {r['variant']:>7}: first epoch end {added:+.0f} ms after {without:.0f} ms "
+              f"without logging (pairs: {r['first_epoch_end_added_ms_pairs']}), set-up (import + autolog) "
+              f"{r['set_up_s_median'] * 1000:.0f} ms, 3-epoch fit {r['fit_s_median']:.2f} s against "
+              f"{r['fit_s_without']:.2f} s")  # fmt: skip
+    if results.get("batches"):
+        print("per-batch logging (~2 ms batches, 64 per epoch), by pairs in one job against epoch-only logging:")
+    for r in results.get("batches", []):
+        print(
+            f"  log_every_n_steps={r['variant'].removeprefix('hvd-batch'):>2}: {r['added_ms_per_batch']:+.3f} ms per "
+            f"batch on {r['batch_s_without'] * 1000:.2f} ms batches, x{r['ratio_median']:.4f} "
+            f"({r['ratio_min']:.3f}-{r['ratio_max']:.3f}), {r['metric_requests_per_epoch']:.2f} metric requests/"
+            f"epoch (both fits), batch/loss points {r['batch_points']} (expected {r['batch_points_expected']})"
+        )
+        if r["profile_ms"]:
+            print("           profile: " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in r["profile_ms"].items()))
     for d in results.get("divergence", {}).values():
         print(
             f"  divergence check, {d['parameters'] / 1e6:.1f} M parameters: {d['median_ms']:.2f} ms per epoch "

@@ -1,6 +1,7 @@
 """Turn each rank's epoch logs into global values with one collective.
 
-Every rank packs, in one float64 vector: the numeric entries of its logs in sorted key order; each value times
+Every rank packs, in one float64 vector (one part per reduction: an epoch's logs, and the logged batches that ride
+along, end to end): the numeric entries of its logs in sorted key order; each value times
 the number of samples it was measured on, and that number; the state of its Keras metrics (training state and
 validation state, see :mod:`hvd_mlflow.metric_state`); and a signature of all that layout (a 20-bit hash ``h``
 and ``h*h``). One sum-allreduce of that vector gives every reduction:
@@ -22,6 +23,7 @@ lacks, raised on every rank: never a silent mix of different metrics, never a ha
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import zlib
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
@@ -94,6 +96,37 @@ def mismatch_message(key_lists: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One reduction's share of a collective: a rank's values, the metric states they come from, what rides along
+    (summed over ranks) and the result keys whose state does not add up."""
+
+    values: Mapping[str, float]
+    states: Sequence[MetricState] = ()
+    carry: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    not_additive: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Reduced:
+    """One part's global values, and what every rank reads back with them."""
+
+    values: dict[str, float]
+    spread: dict[str, float]  # "<key>_rank_min"/"_rank_max" of the spread keys
+    carried: dict[str, float]  # the sums over ranks of what each rank carried
+    carried_per_rank: dict[str, list[float]]  # in gather mode: each rank's own
+    train_samples: float | None  # training samples over all ranks, if known
+    inexact: set[str]  # with exact: keys whose value is the weighted mean
+
+
+@dataclasses.dataclass(frozen=True)
+class _Packed:
+    keys: list[str]
+    states: list[MetricState]
+    layout: list[str]
+    vector: np.ndarray
+
+
 class Reducer:
     """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
 
@@ -111,6 +144,7 @@ class Reducer:
         self.carried: dict[str, float] = {}  # after reduce(): the sums over ranks of what each rank carried
         self.carried_per_rank: dict[str, list[float]] = {}  # after reduce() in gather mode: each rank's own
         self.inexact: set[str] = set()  # after reduce() with exact: keys whose value is the weighted mean
+        self.before_results: list[Reduced] = []  # after reduce(before=...): the earlier parts' results
 
     def reduce(
         self,
@@ -119,25 +153,28 @@ class Reducer:
         states: Sequence[MetricState] = (),
         carry: Mapping[str, float] | None = None,
         not_additive: Iterable[str] = (),
+        before: Sequence[Part] = (),
     ) -> dict[str, float]:
         """Global values of ``values``; ``tag`` names the collective (the same on every rank). ``carry``: more
         numbers summed over ranks in the same collective (in :attr:`carried` afterwards), e.g. rank 0's optimizer
         step, which the others carry as 0: a value every rank then agrees on. ``not_additive``: result keys
-        (with their prefix) that come from a state that does not add up: weighted, never computed from the sum."""
-        keys = list(values)
-        carry = dict(carry or {})
-        states = list(states) if self.mode != "mean" else []
-        samples = [_samples_for(key, states) for key in keys]
-        local = np.array(list(values.values()), dtype=np.float64)
-        parts = [local]
-        if self.mode != "mean":
-            parts += [local * samples, np.array(samples, dtype=np.float64)]
-        parts += [state.values for state in states]
-        parts += [np.array(list(carry.values()), dtype=np.float64)]
-        layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states), *(f"+{k}" for k in carry)]
+        (with their prefix) that come from a state that does not add up: weighted, never computed from the sum.
+        ``before``: more parts reduced in the same collective ahead of this one (logged batches kept until the
+        epoch's end), their results in :attr:`before_results`."""
+        parts = [*before, Part(values, tuple(states), dict(carry or {}), frozenset(not_additive))]
+        results = self.reduce_all(parts, tag)
+        self.before_results = results[:-1]
+        return results[-1].values
+
+    def reduce_all(self, parts: Sequence[Part], tag: str) -> list[Reduced]:
+        """Every part's global values from one collective (the parts' vectors end to end, then one signature of
+        the whole layout: every rank reads it at the same place); :attr:`spread`, :attr:`carried` and the others
+        describe the last part afterwards."""
+        packed = [self._pack(part) for part in parts]
+        keys = [k for p in packed for k in p.keys]
+        layout = [item for i, p in enumerate(packed) for item in ([*p.layout] if i == 0 else ["|", *p.layout])]
         signature = key_signature(layout)
-        vector = np.concatenate([*parts, [signature, signature * signature]])
-        spread = [key for key in self.spread_keys if key in values]
+        vector = np.concatenate([*(p.vector for p in packed), [signature, signature * signature]])
         if self._comm.size == 1:
             total, per_rank = vector, vector[None, :]
         else:
@@ -156,16 +193,60 @@ class Reducer:
         size = self._comm.size
         if total[-2] != size * signature or total[-1] != size * signature * signature:
             self._raise_if_layouts_differ(keys, layout, tag)
-        at = total.size - 2 - len(carry)
-        self.carried = {name: float(total[at + i]) for i, name in enumerate(carry)}
-        self.carried_per_rank = (
-            {name: per_rank[:, at + i].tolist() for i, name in enumerate(carry)} if per_rank is not None else {}
+        slices, at = [], 0
+        for pack in packed:
+            slices.append((at, at + pack.vector.size))
+            at += pack.vector.size
+        # exact: every part's results from its summed states, all in one compiled call (the states of one model)
+        computed: list[dict[str, float]] = []
+        if self.mode == "exact":
+            states = [state for pack in packed for state in pack.states]
+            summed = [x for pack, (a, _) in zip(packed, slices, strict=True) for x in _summed_states(pack, total[a:])]
+            computed = compute_all(states, summed) if states else []
+        results, at_state = [], 0
+        for part, pack, (a, b) in zip(parts, packed, slices, strict=True):
+            own = computed[at_state : at_state + len(pack.states)]
+            at_state += len(pack.states)
+            rows = per_rank[:, a:b] if per_rank is not None else None
+            results.append(self._unpack(part, pack, total[a:b], rows, own))
+        last = results[-1]
+        self.carried, self.carried_per_rank, self.spread = last.carried, last.carried_per_rank, last.spread
+        self.train_samples, self.inexact = last.train_samples, last.inexact
+        return results
+
+    def _pack(self, part: Part) -> _Packed:
+        """One part's share of the collective: its values, weighted values and samples, states, carry."""
+        keys = list(part.values)
+        states = list(part.states) if self.mode != "mean" else []
+        samples = [_samples_for(key, states) for key in keys]
+        local = np.array(list(part.values.values()), dtype=np.float64)
+        pieces = [local]
+        if self.mode != "mean":
+            pieces += [local * samples, np.array(samples, dtype=np.float64)]
+        pieces += [state.values for state in states]
+        pieces += [np.array(list(part.carry.values()), dtype=np.float64)]
+        layout = [*keys, self.mode, *(f"{s.prefix}:{s.values.size}" for s in states), *(f"+{k}" for k in part.carry)]
+        return _Packed(keys, states, layout, np.concatenate(pieces))
+
+    def _unpack(
+        self,
+        part: Part,
+        pack: _Packed,
+        total: np.ndarray,
+        per_rank: np.ndarray | None,
+        computed: list[dict[str, float]],
+    ) -> Reduced:
+        at = total.size - len(part.carry)
+        carried = {name: float(total[at + i]) for i, name in enumerate(part.carry)}
+        carried_per_rank = (
+            {name: per_rank[:, at + i].tolist() for i, name in enumerate(part.carry)} if per_rank is not None else {}
         )
-        self.spread = {}
-        for key in spread:
-            column = per_rank[:, keys.index(key)]
-            self.spread.update({f"{key}_rank_min": float(column.min()), f"{key}_rank_max": float(column.max())})
-        return self._finish(keys, total, states, set(not_additive))
+        spread: dict[str, float] = {}
+        for key in (k for k in self.spread_keys if k in part.values):
+            column = per_rank[:, pack.keys.index(key)]
+            spread.update({f"{key}_rank_min": float(column.min()), f"{key}_rank_max": float(column.max())})
+        values, train_samples, inexact = self._finish(pack.keys, total, pack.states, set(part.not_additive), computed)
+        return Reduced(values, spread, carried, carried_per_rank, train_samples, inexact)
 
     def _gather(
         self, vector: np.ndarray, keys: list[str], layout: list[str], tag: str
@@ -183,30 +264,33 @@ class Reducer:
         return per_rank.sum(axis=0), per_rank
 
     def _finish(
-        self, keys: list[str], total: np.ndarray, states: list[MetricState], not_additive: set[str]
-    ) -> dict[str, float]:
+        self,
+        keys: list[str],
+        total: np.ndarray,
+        states: list[MetricState],
+        not_additive: set[str],
+        computed: list[dict[str, float]],
+    ) -> tuple[dict[str, float], float | None, set[str]]:
+        """The values, the training samples over all ranks (if known) and the keys that are not exact;
+        ``computed``: with exact, each state's results from its summed state."""
         n = len(keys)
         if self.mode == "mean":
-            return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}
+            return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}, None, set()
         weighted_sum, weights = total[n : 2 * n], total[2 * n : 3 * n]
         train = [i for i, key in enumerate(keys) if not key.startswith("val_")]
-        self.train_samples = float(weights[train[0]]) if train and any(s.prefix == "" for s in states) else None
+        train_samples = float(weights[train[0]]) if train and any(s.prefix == "" for s in states) else None
         out = {
             key: float(weighted_sum[i] / weights[i]) if weights[i] else float(total[i]) / self._comm.size
             for i, key in enumerate(keys)
         }
         if self.mode == "exact":
             exact: set[str] = set()
-            offset, summed = 3 * n, []
-            for state in states:
-                summed.append(total[offset : offset + state.values.size])
-                offset += state.values.size
-            for results in compute_all(states, summed):
+            for results in computed:
                 computed = {k: v for k, v in results.items() if k in out and k not in not_additive}
                 out.update(computed)
                 exact.update(computed)
-            self.inexact = set(out) - exact
-        return out
+            return out, train_samples, set(out) - exact
+        return out, train_samples, set()
 
     def _raise_if_layouts_differ(self, keys: list[str], layout: list[str], tag: str) -> None:
         gathered = self._comm.allgather_object((keys, layout), name=f"hvd_mlflow.{tag}.keys")
@@ -215,8 +299,19 @@ class Reducer:
         if any(other_layout != layout for _, other_layout in gathered):
             raise MetricKeyMismatchError(
                 "hvd-mlflow: ranks have the same metric keys but different metric states or reductions: "
-                + "; ".join(f"rank {r}: {lay[len(keys) :]}" for r, (_, lay) in enumerate(gathered))
+                + "; ".join(
+                    f"rank {r}: {[x for x in lay if x != '|' and x not in keys]}" for r, (_, lay) in enumerate(gathered)
+                )  # fmt: skip
             )
+
+
+def _summed_states(pack: _Packed, total: np.ndarray) -> list[np.ndarray]:
+    """The summed state of each of a part's metric states, from the part's share of the total (it starts there)."""
+    offset, out = 3 * len(pack.keys), []
+    for state in pack.states:
+        out.append(total[offset : offset + state.values.size])
+        offset += state.values.size
+    return out
 
 
 def _samples_for(key: str, states: Sequence[MetricState]) -> float:

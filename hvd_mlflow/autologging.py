@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from .errors import HvdMlflowError
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
 _run_id: str | None = None  # MLFLOW_RUN_ID when autolog() was called (start_run() deletes it)
+_hooked = False  # the flavours' post-import hooks are registered (once per process)
 
 
 def autolog(
@@ -100,17 +102,30 @@ def autolog(
     given.pop("disable")
     _options = AutologOptions.resolve(**given)  # once: bad values fail here, not in fit
     _run_id = destination.run_id_from_environment()
-    if _options.guard_other_ranks:
-        import mlflow
-
-        job_mode = destination.is_azureml_job(mlflow.get_tracking_uri())
-        guard.install(topology.current().rank, _run_id, job_mode=job_mode)
+    if _options.guard_other_ranks:  # when MLflow is imported: autolog() imports none
+        guard.install_when_imported(topology.current().rank, _run_id)
     dependencies.require_training_stack()
-    for flavour in keras_flavour.importable():
+    global _hooked
+    if not _hooked:  # each flavour's Model.fit is patched when that flavour is imported (at once if it is)
+        _hooked = True
+        keras_flavour.when_imported(_patch_flavour)
+    else:
+        for flavour in keras_flavour.FLAVOURS:
+            if flavour in sys.modules:
+                _patch_flavour(flavour)
+
+
+def _patch_flavour(flavour: str) -> None:
+    """Patch ``flavour``'s ``Model.fit`` while autolog is on (once; a broken install is left alone)."""
+    if _options is None:  # turned off before this flavour was imported
+        return
+    try:
         model_class = keras_flavour.model_class(flavour)
-        if model_class not in _originals:
-            _originals[model_class] = model_class.fit
-            model_class.fit = _patched_fit(model_class.fit)
+    except Exception:  # noqa: BLE001 - a broken install is simply not a usable flavour
+        return
+    if model_class not in _originals:
+        _originals[model_class] = model_class.fit
+        model_class.fit = _patched_fit(model_class.fit)
 
 
 def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:

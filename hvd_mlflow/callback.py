@@ -47,8 +47,8 @@ from . import (
     topology,
 )
 from ._log import set_silent
-from .aggregate import Reducer, numeric_entries, write_back
-from .batch_steps import BatchClock
+from .aggregate import Part, Reduced, Reducer, numeric_entries, write_back
+from .batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
 from .config import Options
 from .epoch_exchange import EpochExchange
 from .fit_plan import Proposal
@@ -59,6 +59,7 @@ from .run_logger import RunLogger
 from .system_metrics import SystemSampler
 
 _concrete_classes: dict[str, type] = {}
+Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_ms, values
 
 
 class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
@@ -138,6 +139,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         )
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
         self._clock = BatchClock(0, self.options.log_every_n_steps)
+        self._pending = PendingBatches()
         self._train_state: metric_state.MetricState | None = None
         self._train_samples = 0.0  # reduction="mean": this rank's training samples, kept before validation
         self._not_additive: set[str] | None = None  # result keys of metrics whose state does not add up
@@ -149,6 +151,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._hosts: tuple[str, ...] = ()  # every rank's host (agreed at train begin), tagged with the params
         self._step = 0
         self._epoch_start = time.perf_counter()
+        self._run_agreed = True  # every rank knows the run (or never will): nothing rides for it
+        self._carried_run_id: str | None = None  # rank 0: the run id it carried in the last epoch collective
 
     @property
     def _logging(self) -> bool:
@@ -186,10 +190,12 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         )
         plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
+        self._run_agreed = plan.run_id is not None  # else rank 0 carries it in the epoch collectives
         self._hosts = plan.hosts
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
         self._clock = fit_plan.batch_clock(plan, self.model, warn=self._comm.rank == 0)
+        self._pending = PendingBatches(logged_batches_per_collective(self._clock.every))  # alike on every rank
         if self.options.system_metrics:  # every rank samples its own process
             self._sampler = SystemSampler(topology.current().local_rank)
             self._sampler.start()
@@ -210,22 +216,30 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         step = self._clock.after_batch(batch)
         if step is None:
             return
-        global_values = self._reducer.reduce(
-            numeric_entries(logs or {}),
-            tag="batch",
-            states=self._batch_states(),
-            not_additive=self._not_additive_keys(),
-        )
-        write_back(logs if logs is not None else {}, global_values)
-        values = {f"batch/{k}": v for k, v in {**global_values, **self._reducer.spread}.items()}
-        names = self._metric_names(values)  # on every rank: a collision raises on every rank
-        logged = {names[k]: v for k, v in values.items()}
-        timestamp_ms = int(time.time() * 1000)
-        if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
-            self._elastic.link.remember_batch(step, timestamp_ms, logged)
+        part = Part(numeric_entries(logs or {}), tuple(self._batch_states()),
+                    not_additive=frozenset(self._not_additive_keys()))  # fmt: skip
+        if not self._pending.add(step, int(time.time() * 1000), part):
+            return  # kept (this rank's own values stay in logs): reduced with the next collective
+        kept = self._pending.take()
+        results = self._reducer.reduce_all([part for _, _, part in kept], tag="batch")  # one collective
+        write_back(logs if logs is not None else {}, results[-1].values)  # global at the batch the collective ran
+        points = self._batch_points(kept, results)
         if self._logging:
-            with self._rank0.step("journaling batch values", essential=True):
-                self._run_logger.log_metrics(step, logged, timestamp_ms=timestamp_ms)
+            with self._rank0.step("journaling batch values", essential=True):  # synced by the epoch's commit
+                self._run_logger.log_metrics_many(points, durable=False)
+
+    def _batch_points(self, kept: Sequence[tuple[int, int, Part]], results: Sequence[Reduced]) -> list[Point]:
+        """Every rank: the logged batches' ``(step, timestamp_ms, values)`` under their ``batch/`` names, kept for
+        an elastic replay."""
+        points = []
+        for (step, timestamp_ms, _), reduced in zip(kept, results, strict=True):
+            values = {f"batch/{k}": v for k, v in {**reduced.values, **reduced.spread}.items()}
+            names = self._metric_names(values)  # on every rank: a collision raises on every rank
+            logged = {names[k]: v for k, v in values.items()}
+            if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
+                self._elastic.link.remember_batch(step, timestamp_ms, logged)
+            points.append((step, timestamp_ms, logged))
+        return points
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
@@ -249,14 +263,18 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
+        kept = self._pending.take()  # the logged batches not reduced yet ride in the epoch's collective
         global_values = self._reducer.reduce(
             numeric_entries(logs),
             tag="epoch",
             states=self._epoch_states(),
             carry=self._epoch_carry(),
             not_additive=self._not_additive_keys(),
+            before=[part for _, _, part in kept],
         )
         write_back(logs, global_values)
+        self._learn_run_id()
+        batch_points = self._batch_points(kept, self._reducer.before_results)
         rank0_step = self._reducer.carried.get("rank0_step", math.nan)
         if math.isfinite(rank0_step):  # agreed by every rank: the batch count never drifts from the optimizer
             self._clock.anchor(int(rank0_step))
@@ -272,8 +290,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
             self._elastic.link.remember(self._step, timestamp_ms, logged)
         if self._logging:
-            with self._rank0.step("journaling the epoch", essential=True):
-                self._run_logger.log_metrics(self._step, logged, timestamp_ms=timestamp_ms)
+            with self._rank0.step("journaling the epoch", essential=True):  # one synced transaction
+                self._run_logger.log_metrics_many([*batch_points, (self._step, timestamp_ms, logged)])
             if self._csv_logger is not None:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)

@@ -26,8 +26,10 @@ class Options:
         reduction: how each rank's values become one: ``exact`` (metrics computed from their state summed over
             ranks), ``weighted`` (mean weighted by samples) or ``mean`` (Horovod's unweighted mean).
         flush_timeout: seconds ``fit`` waits at its end for rank 0 to deliver what is still queued.
-        run_wait: seconds rank 0 waits at train begin for the run to be opened (so that its id can be
-            broadcast to every rank); logging goes on in the background either way.
+        run_wait: under Horovod elastic, seconds rank 0 waits at train begin for a new run to be opened (so
+            that every rank knows it before a reset); otherwise nothing waits: the run is opened while the first
+            epoch trains and its id reaches the other ranks in the first epoch collective after that (rank 0 has
+            it at the end of ``fit`` in any case). Logging goes on either way.
         extra_tags: tags added to the run.
         extra_params: params added to the run (your hyperparameters, for example).
         journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
@@ -37,7 +39,8 @@ class Options:
             recipe's format, appending when ``fit`` resumes), so existing pandas notebooks keep working.
         log_every_n_steps: also log batch-level values every N training batches (0: off), under
             ``batch/<name>`` keys at the global step (the optimizer's iteration count), reduced over ranks like
-            the epoch values. Keras reports at a batch the running value since the epoch began.
+            the epoch values (in bulk: one collective per ~100 optimizer steps, and the epoch's). Keras reports
+            at a batch the running value since the epoch began.
         rank_spread: metric keys (e.g. ``loss,val_loss``) whose minimum and maximum over ranks are logged too,
             as ``<key>_rank_min`` / ``<key>_rank_max``, from the same collective (to spot a bad shard).
         resume: what to do with epochs the run already holds (a restarted job attaching to its run, a second

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
@@ -61,24 +62,31 @@ def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) 
 
 
 def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:
-    """The destination as the user configured it, without contacting any server."""
-    import mlflow
-    from mlflow.tracking import fluent
+    """The destination as the user configured it, without contacting any server.
 
+    When the user's code has not imported MLflow and the environment names the tracking URI (AzureML jobs, most
+    launchers), there is no active run nor ``set_experiment`` to ask MLflow about: the environment says it all,
+    and MLflow (a second or more to import) is imported by rank 0's sender, off the training thread."""
     environ = os.environ if environ is None else environ
-    tracking_uri = mlflow.get_tracking_uri()
-    job_mode = is_azureml_job(tracking_uri, environ)
-    run_id = captured_run_id or run_id_from_environment(environ)
-    if run_id is None:
+    active_run_id = active_experiment_id = None
+    tracking_uri = tracking_uri_from_environment(environ)
+    if "mlflow" in sys.modules or tracking_uri is None:
+        import mlflow
+        from mlflow.tracking import fluent
+
+        tracking_uri = mlflow.get_tracking_uri()
         active = mlflow.active_run()
-        run_id = active.info.run_id if active is not None else None
+        active_run_id = active.info.run_id if active is not None else None
+        active_experiment_id = getattr(fluent, "_active_experiment_id", None)
+    job_mode = is_azureml_job(tracking_uri, environ)
+    run_id = captured_run_id or run_id_from_environment(environ) or active_run_id
     if run_id is None and job_mode:
         run_id = environ.get(AZUREML_RUN_VARIABLE)
     experiment_id, experiment_name = experiment_from_environment(environ)
     return Destination(
         tracking_uri=tracking_uri,
         run_id=run_id,
-        experiment_id=getattr(fluent, "_active_experiment_id", None) or experiment_id,
+        experiment_id=active_experiment_id or experiment_id,
         experiment_name=experiment_name,
         job_mode=job_mode,
     )

@@ -11,7 +11,7 @@ import math
 import time
 from typing import Any
 
-from . import divergence, keras_flavour, metric_state, run_params
+from . import divergence, fit_plan, keras_flavour, metric_state, run_params
 from ._log import warn_once
 from .system_metrics import summary as system_summary
 
@@ -57,6 +57,18 @@ class EpochExchange:
             keys = metric_state.inexact_keys(self.model) if self.options.reduction == "exact" else set()
             self._not_additive = keys | {f"val_{k}" for k in keys}
         return self._not_additive
+
+    def _learn_run_id(self) -> None:
+        """After the epoch's collective, on every rank: the run id rank 0 carried in it, if it did."""
+        if self._run_agreed:
+            return
+        self._run_agreed, run_id, broadcast = fit_plan.run_id_from_carried(self._reducer.carried)
+        if broadcast:  # agreed in the collective: every rank calls it
+            run_id = self._comm.broadcast_object(self._carried_run_id, name="hvd_mlflow.run_id")
+        if run_id is not None:
+            self.run_id = run_id
+            if self._elastic is not None:
+                self._elastic.agreed_run(run_id, False)
 
     def _ranks_health(self, epoch: int) -> dict[str, float]:
         """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
@@ -138,6 +150,12 @@ class EpochExchange:
                 with self._rank0.step("reading the optimizer's step"):
                     step = float(run_params.optimizer_iterations(self.model) or math.nan)
             carry["rank0_step"] = step if self._comm.rank == 0 else 0.0
+        if not self._run_agreed:  # rank 0's run id, until every rank has it (agreed: alike on every rank)
+            self._carried_run_id = None
+            if self._comm.rank == 0 and self._logging:
+                with self._rank0.step("reading the run id"):
+                    self._carried_run_id = self._run_logger.sender.run_id  # never waited for: no stall
+            carry.update(fit_plan.run_id_carry(self._carried_run_id, self._comm.rank, self._logging))
         if self.options.reduction == "mean":  # the exact reductions count samples in the metric states
             carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
         return carry

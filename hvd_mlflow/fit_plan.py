@@ -9,12 +9,17 @@ takes rank 0's run, first step and interval (and rank 0 learns every rank's host
 ranks' options differ, or whether any rank's training or validation shard is empty, and raises the same error if
 so (never a hang, never one rank alone). The batch clock follows from the agreed plan and the compile arguments,
 which every rank has alike.
+
+A run rank 0's sender creates is not waited for at train begin (the first epoch trains while MLflow is imported and
+the run is made): its id rides in the epoch collectives, as numbers (:func:`run_id_carry`), until every rank has
+it (:func:`run_id_from_carried`); whether it rides is itself agreed, so every rank carries the same keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import keras_flavour
@@ -93,3 +98,35 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
 
 def _describe(options: tuple[tuple[str, Any], ...]) -> str:
     return ", ".join(f"{name}={value!r}" for name, value in options)
+
+
+_HEX_RUN_ID = re.compile(r"[0-9a-f]{32}")
+_WORDS = 4  # a 32-hex-digit run id as four 32-bit numbers: exact in float64, so their sum over ranks is rank 0's
+RUN_ID_KEYS = ("run_id_state", *(f"run_id_{i}" for i in range(_WORDS)))
+# run_id_state: known (the words hold it), known but not 32 hex digits (every rank then takes it from rank 0 in one
+# broadcast), not known yet (carried again), never (rank 0 does not log)
+KNOWN, KNOWN_OTHER, UNKNOWN_YET, NEVER = 1.0, 2.0, 0.0, -1.0
+
+
+def run_id_carry(run_id: str | None, rank: int, logging: bool) -> dict[str, float]:
+    """What a rank carries of the run id (the same keys on every rank): rank 0 its run's id once its sender knows
+    it (``NEVER`` when it does not log); the others zeros."""
+    words = [0.0] * _WORDS
+    state = UNKNOWN_YET
+    if rank == 0:
+        if not logging:
+            state = NEVER
+        elif run_id is not None:
+            state = KNOWN if _HEX_RUN_ID.fullmatch(run_id) else KNOWN_OTHER
+            if state == KNOWN:
+                words = [float(int(run_id[8 * i : 8 * i + 8], 16)) for i in range(_WORDS)]
+    return dict(zip(RUN_ID_KEYS, [state if rank == 0 else 0.0, *words], strict=True))
+
+
+def run_id_from_carried(carried: Mapping[str, float]) -> tuple[bool, str | None, bool]:
+    """From the epoch collective's sums, alike on every rank: whether to stop carrying it, the run id, and whether
+    every rank must take it from rank 0 in a broadcast (an id that is not 32 hex digits)."""
+    state = carried.get("run_id_state", NEVER)
+    if state == KNOWN:
+        return True, "".join(f"{int(carried[f'run_id_{i}']):08x}" for i in range(_WORDS)), False
+    return state in (NEVER, KNOWN_OTHER), None, state == KNOWN_OTHER

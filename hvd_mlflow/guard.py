@@ -49,6 +49,7 @@ CLIENT_WRITE_PREFIXES = (
 
 _originals: list[tuple[object, str, Any]] = []
 _state: dict[str, Any] = {"rank": None, "active": None}  # active: the stubbed run start_run() returned
+_lock = threading.RLock()  # install (maybe from the thread importing MLflow) against uninstall (autolog(disable=True))
 
 
 def _patch(owner: object, name: str, replacement: Callable[..., Any]) -> None:
@@ -155,6 +156,37 @@ def _job_run(run_id: str | None, call: Mapping[str, Any] | None = None) -> Any:
             return False
 
     return JobRun(stand_ins.run(run_id, call))
+
+
+def install_when_imported(rank: int, run_id: str | None) -> None:
+    """:func:`install` as soon as MLflow is imported, by the user's code or by rank 0's sender (at once if it is
+    already): ``autolog()`` itself imports no MLflow, which takes a second or more. A post-import hook of ``wrapt``
+    (TensorFlow's own dependency), so that ``from mlflow import log_metric`` after ``autolog()`` gets the guarded
+    function too."""
+    import wrapt
+
+    with _lock:
+        _state["wanted"] = (rank, run_id)
+        module = sys.modules.get("mlflow")
+        imported = module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
+        if not _state.get("hooked"):  # wrapt calls it at once when MLflow is imported already
+            _state["hooked"] = True
+            wrapt.register_post_import_hook(_install_wanted, "mlflow")
+        elif imported:
+            _install_wanted(module)
+
+
+def _install_wanted(mlflow_module: Any) -> None:
+    """The post-import hook: it runs in whichever thread imports MLflow, so it never raises (one warning)."""
+    with _lock:
+        wanted = _state.get("wanted")
+        if wanted is None:  # undone by autolog(disable=True) before MLflow was imported
+            return
+        try:
+            install(*wanted, job_mode=destination.is_azureml_job(mlflow_module.get_tracking_uri()))
+        except Exception as error:  # noqa: BLE001 - an MLflow this code does not know: writes stay unguarded
+            warn_once("guard-failed", "hvd-mlflow: MLflow calls on ranks other than 0 could not be guarded (%s: %s)",
+                      type(error).__name__, error)  # fmt: skip
 
 
 def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
@@ -270,9 +302,11 @@ def _autolog_config(integration: str | None) -> dict | None:
 
 def uninstall() -> None:
     """Restore everything :func:`install` replaced."""
-    while _originals:
-        owner, name, original = _originals.pop()
-        setattr(owner, name, original)
-    _state["rank"] = None
-    _state["active"] = None
-    stand_ins.reset()
+    with _lock:
+        while _originals:
+            owner, name, original = _originals.pop()
+            setattr(owner, name, original)
+        _state["rank"] = None
+        _state["active"] = None
+        _state["wanted"] = None
+        stand_ins.reset()

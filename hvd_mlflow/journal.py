@@ -1,13 +1,14 @@
 """The record, on rank 0, of what was measured and what the tracking server acknowledged.
 
-:class:`FileJournal` is one SQLite file per ``fit`` (standard library ``sqlite3``, WAL mode,
-``synchronous=FULL``): each epoch's global values are committed in one transaction before the epoch counts as
-logged, so a crash, a SIGKILL or a tracking outage loses nothing. The sender marks entries acknowledged once the
-server accepted them; ``hvd-mlflow sync`` uploads what is left. Files are created readable by their owner only,
-and hold no secret: the tracking URI is stored with its credentials masked. While a process may still send from
-a journal it holds an OS lock on it (``flock`` on ``<journal>.lock``, released by the kernel when the process
-dies, and honoured across hosts on NFS), so ``sync``, from any host sharing the directory, never uploads beside
-a live sender.
+:class:`FileJournal` is one SQLite file per ``fit`` (standard library ``sqlite3``, WAL mode, ``synchronous=FULL``):
+each epoch's global values are committed in one synced transaction before the epoch counts as logged, so a crash, a
+SIGKILL or a tracking outage loses nothing. What the training thread journals between epochs (params, tags, batch
+values) is committed without an fsync (``durable=False``): a killed process keeps it, and the epoch's commit syncs
+it, so the training thread pays one fsync per epoch. The sender marks entries acknowledged once the server accepted
+them; ``hvd-mlflow sync`` uploads what is left. Files are created readable by their owner only, and hold no secret:
+the tracking URI is stored with its credentials masked. While a process may still send from a journal it holds an OS
+lock on it (``flock`` on ``<journal>.lock``, released by the kernel when the process dies, and honoured across hosts
+on NFS), so ``sync``, from any host sharing the directory, never uploads beside a live sender.
 
 :class:`MemoryJournal` is the same record in this process's memory, bounded: used when no journal file can be
 written. :class:`LiveJournal` is what rank 0's training thread and its sender share: it starts on a file and
@@ -172,9 +173,14 @@ class Journal(Protocol):
     def meta(self) -> JournalMeta: ...
     def update_meta(self, **changes: Any) -> JournalMeta: ...
     def append(
-        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
     ) -> int: ...
-    def append_many(self, entries: Sequence[NewEntry]) -> int: ...
+    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int: ...
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]: ...
     def count(self, state: int = PENDING) -> int: ...
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
@@ -269,7 +275,8 @@ class FileJournal:
         try:
             journal = cls.open(path)
             journal._hold_writer_lock()
-            journal._write_meta(meta)
+            with journal._synchronous(durable=False):  # made durable by the first durable commit (an epoch's)
+                journal._write_meta(meta)
         except BaseException:
             if journal is not None:
                 journal.close()
@@ -345,19 +352,22 @@ class FileJournal:
 
     # -- entries ---------------------------------------------------------------------------------------
     def append(
-        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
     ) -> int:
-        """Commit one entry durably and return its sequence number."""
-        cursor = self._db.execute(  # one statement: its own transaction (autocommit), synced before it returns
-            "INSERT INTO entries (kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?)",
-            (kind, step, timestamp_ms, json.dumps(dict(payload), allow_nan=True)),
-        )
-        return int(cursor.lastrowid)
+        """Commit one entry and return its sequence number; ``durable``: synced before it returns (else at the
+        next durable commit: a process that dies keeps it, a machine that loses power may not)."""
+        return self.append_many([(kind, payload, step, timestamp_ms)], durable=durable)
 
-    def append_many(self, entries: Sequence[NewEntry]) -> int:
-        """Commit several entries in one transaction (one fsync); the last one's sequence number (0: none)."""
+    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
+        """Commit several entries in one transaction (one fsync when ``durable``, none otherwise: SQLite's WAL is
+        then synced by the next durable commit); the last one's sequence number (0: none)."""
         seq = 0
-        with self._transaction():
+        with self._synchronous(durable), self._transaction():
             for kind, payload, step, timestamp_ms in entries:
                 cursor = self._db.execute(
                     "INSERT INTO entries (kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?)",
@@ -365,6 +375,21 @@ class FileJournal:
                 )
                 seq = int(cursor.lastrowid)
         return seq
+
+    @contextlib.contextmanager
+    def _synchronous(self, durable: bool) -> Iterator[None]:
+        """The commits inside are synced (``synchronous=FULL``, the journal's setting) or not (``NORMAL``: in WAL
+        mode a commit then writes its pages without an fsync, and the next FULL commit syncs them all)."""
+        if durable:
+            self._db.execute("PRAGMA synchronous=FULL")  # again: a failed restore below must not last
+            yield
+            return
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            yield
+        finally:
+            with contextlib.suppress(sqlite3.Error):  # the statement's own error is the one to tell
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         """Up to ``limit`` unacknowledged entries (of ``kinds``, if given) with a sequence number above ``after``,
@@ -475,12 +500,17 @@ class MemoryJournal:
             return self._meta
 
     def append(
-        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
     ) -> int:
         with self._lock:
             return self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
 
-    def append_many(self, entries: Sequence[NewEntry]) -> int:
+    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
         seq = 0
         with self._lock:
             for kind, payload, step, timestamp_ms in entries:
@@ -627,15 +657,20 @@ class LiveJournal:
         return meta
 
     def append(
-        self, kind: str, payload: Mapping[str, Any], step: int | None = None, timestamp_ms: int | None = None
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
     ) -> int:
-        seq = self._call("append", kind, payload, step=step, timestamp_ms=timestamp_ms)
+        seq = self._call("append", kind, payload, step=step, timestamp_ms=timestamp_ms, durable=durable)
         self._last_seq = max(self._last_seq, seq)
         return seq
 
-    def append_many(self, entries: Sequence[NewEntry]) -> int:
+    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
         """Several entries in one transaction (all or none of them, before a fall-back to memory retries them)."""
-        seq = self._call("append_many", list(entries))
+        seq = self._call("append_many", list(entries), durable=durable)
         self._last_seq = max(self._last_seq, seq)
         return seq
 

@@ -67,6 +67,7 @@ class RankZeroSteps:
         self._run_logger = None
         with self._rank0.step("delivering the last epochs"):
             run_logger.close(status, deadline)
+            self.run_id = self.run_id or run_logger.sender.run_id  # a run opened after the last epoch's collective
 
     def _hand_over(self) -> None:
         run_logger, self._run_logger = self._run_logger, None
@@ -106,7 +107,8 @@ class RankZeroSteps:
                 csv.on_train_end()
 
     def _start_logging(self) -> None:
-        """Open rank 0's journal, and learn the run id (within ``run_wait`` when the sender must create the run)."""
+        """Open rank 0's journal and start the sender, which creates the run if there is none (under elastic,
+        within ``run_wait``, so that every rank learns its id before a reset; else while the first epoch trains)."""
         link = self._elastic.link if self._elastic else None
         dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
         tags = run_params.run_tags(
@@ -130,9 +132,11 @@ class RankZeroSteps:
         self.run_id = dest.run_id
         if dest.run_id is not None:
             return
-        with self._rank0.step("starting the sender"):  # it creates the run: start now, so every rank learns its id
+        with self._rank0.step("starting the sender"):  # it creates the run while the first epoch trains
             self._run_logger.start()
-        if self._run_logger.sender.alive:
+        if link is None:  # its id rides in the epoch collectives (fit_plan.run_id_carry): nothing waits for it
+            return
+        if self._run_logger.sender.alive:  # elastic: every rank must know the run before a reset can come
             self.run_id = self._run_logger.wait_for_run(self.options.run_wait)
         if self.run_id is None:
             logger.info(

@@ -58,13 +58,15 @@ class RunLogger:
             resume=resume,
             elastic=elastic,
             created_run=bool(owns_run and dest.run_id),  # a run hvd-mlflow created in another process (elastic)
-            run_tags=_context_tags(),
             max_metric_names=max_metric_names,
             max_rows_per_metric=max_rows_per_metric,
         )
         self.journal = LiveJournal.open_new(journal_dir, meta)
         try:
-            self.sender = Sender(self.journal, dest.tracking_uri, self.limits)
+            # MLflow's context tags (source, user, git commit) of a run the sender creates: it reads them itself,
+            # off the training thread (MLflow's context registry is imported with MLflow, and runs git)
+            self.sender = Sender(self.journal, dest.tracking_uri, self.limits,
+                                 context_tags=_context_tags if dest.run_id is None else None)  # fmt: skip
             if run_tags:
                 self.log_tags(run_tags)
         except BaseException:
@@ -103,9 +105,9 @@ class RunLogger:
             )
             over.update(beyond)
         if over:
-            self.journal.append("artifact", {"path": self._params_artifact(), "content": over})
+            self.journal.append("artifact", {"path": self._params_artifact(), "content": over}, durable=False)
         for part in batching.chunks(items, self.limits.params_tags_per_request):
-            self.journal.append("params", dict(part))
+            self.journal.append("params", dict(part), durable=False)  # synced by the epoch's commit
         self.sender.notify()
 
     def _params_artifact(self) -> str:
@@ -122,9 +124,9 @@ class RunLogger:
             path = f"hvd_mlflow/tags-{self.journal.meta().journal_id[:12]}.json"
             warn_once("tag-collision", "hvd-mlflow: tag keys %s become the same key once cleaned; they are kept "
                       "in the artifact %s", ", ".join(map(repr, sorted(collided))), path)  # fmt: skip
-            self.journal.append("artifact", {"path": path, "content": collided})
+            self.journal.append("artifact", {"path": path, "content": collided}, durable=False)
         for part in batching.chunks(list(clean.items()), self.limits.params_tags_per_request):
-            self.journal.append("tags", dict(part))
+            self.journal.append("tags", dict(part), durable=False)  # synced by the epoch's commit
         self.sender.notify()
 
     def log_folder(self, folder: str, path: str, profile: bool) -> None:
@@ -133,16 +135,19 @@ class RunLogger:
         self.journal.append("artifact", {"path": path, "folder": folder, "profile": profile})
         self.sender.notify()
 
-    def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:
+    def log_metrics(
+        self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None, durable: bool = True
+    ) -> None:
         when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        self.journal.append("metrics", values, step=step, timestamp_ms=when)
+        self.journal.append("metrics", values, step=step, timestamp_ms=when, durable=durable)
         self.sender.notify()
 
-    def log_metrics_many(self, points: Iterable[tuple[int, int, Mapping[str, float]]]) -> None:
-        """Several ``(step, timestamp_ms, values)`` points in one journal transaction (one fsync)."""
+    def log_metrics_many(self, points: Iterable[tuple[int, int, Mapping[str, float]]], durable: bool = True) -> None:
+        """Several ``(step, timestamp_ms, values)`` points in one journal transaction (one fsync when
+        ``durable``; else synced by the next durable one)."""
         entries = [("metrics", values, step, timestamp_ms) for step, timestamp_ms, values in points]
         if entries:
-            self.journal.append_many(entries)
+            self.journal.append_many(entries, durable=durable)
             self.sender.notify()
 
     def wait_for_run(self, timeout: float) -> str | None:

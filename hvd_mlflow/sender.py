@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Mapping
 
 from . import guard
 from ._log import logger
@@ -76,8 +77,16 @@ class Sender:
         sender.close("FINISHED", deadline=time.monotonic() + 60)
     """
 
-    def __init__(self, journal: LiveJournal, tracking_uri: str, limits: Limits, max_backoff: float = 60.0) -> None:
+    def __init__(
+        self,
+        journal: LiveJournal,
+        tracking_uri: str,
+        limits: Limits,
+        max_backoff: float = 60.0,
+        context_tags: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
         self.journal = journal
+        self._context_tags = context_tags  # the tags of a run it creates, read on its thread before the first request
         self._tracking_uri = tracking_uri
         self._limits = limits
         self._backoff = Backoff(maximum=max_backoff)
@@ -193,6 +202,10 @@ class Sender:
         try:
             from mlflow import MlflowClient
 
+            if self._context_tags is not None and self.run_id is None:
+                tags = self._context_tags()
+                if tags:  # the journal's own tags (set by whoever made it) win
+                    self.journal.update_meta(run_tags={**tags, **self.journal.meta().run_tags})
             with guard.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
                 client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
                 uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping,

@@ -55,7 +55,7 @@ def assert_each_point_sent_once(proxy: Proxy, keys) -> None:
     assert 1 <= len(requests) <= EPOCHS
 
 
-def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
+def assert_params(client, run_id: str, batch_size_known: bool = True, steps: int = 6) -> None:
     params = client.get_run(run_id).data.params
     assert params["epochs"] == str(EPOCHS)
     assert params["world_size"] == "2"
@@ -64,7 +64,7 @@ def assert_params(client, run_id: str, batch_size_known: bool = True) -> None:
         assert params["global_batch_size"] == "32"
     else:
         assert "batch_size" not in params
-    assert params["steps_per_epoch"] == "6"  # 96 samples / 16
+    assert params["steps_per_epoch"] == str(steps)  # 96 samples / 16 by default
     assert params["initial_epoch"] == "0"
     assert params["optimizer_name"] == "SGD"
     assert float(params["learning_rate"]) == pytest.approx(0.05)
@@ -103,11 +103,14 @@ def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how):
 
 @pytest.mark.once  # the sender creates the run: no Keras in it
 def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client):
+    """Nothing waits for the run at train begin: rank 0's sender opens it while the first epochs train (1,250
+    batches each here, a few seconds: longer than MLflow's import and one request), and its id reaches rank 1 in an
+    epoch's collective."""
     name = f"fresh-{uuid.uuid4().hex[:8]}"
     with Proxy(mlflow_server.url) as proxy:
         done = launch.run(
             tmp_path,
-            ["--epochs", str(EPOCHS)],
+            ["--epochs", str(EPOCHS), "--samples", "20000"],
             env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_NAME": name},
         )
     done.check()
@@ -119,7 +122,7 @@ def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client
     ranks = [done.rank(0), done.rank(1)]
     assert [r["run_id"] for r in ranks] == [run.info.run_id] * 2
     assert_run_holds_global_values(client, run.info.run_id, ranks)
-    assert_params(client, run.info.run_id)
+    assert_params(client, run.info.run_id, steps=1250)
     assert len([r for r in proxy.requests if r.path.endswith("/runs/create")]) == 1
     assert_each_point_sent_once(proxy, ranks[0]["local"][0])
 

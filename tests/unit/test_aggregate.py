@@ -215,3 +215,27 @@ def test_carried_values_are_summed_and_not_additive_keys_are_weighted():
     assert out["loss"] == pytest.approx(211 / 137)  # from the summed state
     assert out["max_err"] == pytest.approx((0.8 * 100 + 0.2 * 37) / 137)  # weighted: never the summed state's
     assert reducer.carried == {"rank0_step": 42.0} and reducer.inexact == {"max_err"}
+
+
+def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
+    """Logged batches kept until the epoch end ride in its collective: the parts' vectors end to end, then one
+    signature of the whole layout (the same place on every rank); each part's values from its own states."""
+    from hvd_mlflow.aggregate import Part
+
+    batch_layout, epoch_layout = ["loss", "exact", ":2"], ["loss", "exact", ":2", "+rank0_step"]
+    whole = [*batch_layout, "|", *epoch_layout]
+    h = float(__import__("zlib").crc32("\x00".join(whole).encode()) & (2**20 - 1))
+    # the other rank: a batch with loss 3.0 over 10 samples (state 30, 10), the epoch with 2.0 over 40 (80, 40)
+    other = np.array([3.0, 30.0, 10.0, 30.0, 10.0, 2.0, 80.0, 40.0, 80.0, 40.0, 0.0, h, h * h])
+    reducer = Reducer(HandBuiltPeer(other), "exact")
+    mean = lambda s: {"loss": s[0] / s[1]}  # noqa: E731
+    batch = Part({"loss": 1.0}, (MetricState("", np.array([10.0, 10.0]), 10.0, mean),))
+    out = reducer.reduce({"loss": 0.5}, "t", [MetricState("", np.array([20.0, 40.0]), 40.0, mean)],
+                         carry={"rank0_step": 7.0}, before=[batch])  # fmt: skip
+    assert [r.values for r in reducer.before_results] == [{"loss": pytest.approx(40 / 20)}]
+    assert out == {"loss": pytest.approx(100 / 80)} and reducer.carried == {"rank0_step": 7.0}
+    other[-2:] = [h + 1, (h + 1) ** 2]  # the other rank's layout differs: the gather that names the keys runs
+    with pytest.raises(AttributeError, match="allgather_object"):
+        epoch_state = MetricState("", np.array([20.0, 40.0]), 40.0, mean)
+        Reducer(HandBuiltPeer(other), "exact").reduce({"loss": 0.5}, "t", [epoch_state], carry={"rank0_step": 7.0},
+                                                      before=[batch])  # fmt: skip

@@ -97,3 +97,17 @@ def test_a_self_tuned_steps_per_execution_turns_batch_logging_off_on_every_rank(
     said = batch_clock(plan, model, warn=True)  # rank 0
     assert quiet.every == said.every == 0
     assert sum("log_every_n_steps is off" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_run_id_rides_as_numbers_until_every_rank_has_it():
+    from hvd_mlflow.fit_plan import run_id_carry, run_id_from_carried
+
+    run_id = "0123456789abcdef0fedcba987654321"
+    rank0, rank1 = run_id_carry(run_id, 0, logging=True), run_id_carry(None, 1, logging=False)
+    assert rank0.keys() == rank1.keys() and set(rank1.values()) == {0.0}  # the same layout on every rank
+    summed = {k: rank0[k] + rank1[k] for k in rank0}
+    assert run_id_from_carried(summed) == (True, run_id, False)
+    assert run_id_from_carried(run_id_carry(None, 0, logging=True)) == (False, None, False)  # not yet: again
+    assert run_id_from_carried(run_id_carry(None, 0, logging=False)) == (True, None, False)  # rank 0 not logging
+    # not 32 hex digits: every rank takes it from rank 0 in one broadcast
+    assert run_id_from_carried(run_id_carry("job-7_abc", 0, logging=True)) == (True, None, True)
