@@ -94,3 +94,81 @@ def test_event_files_refused_at_the_end_of_fit_are_sent_by_sync(tmp_path, mlflow
     assert artifact_files(client, run_id) == local_files(tmp_path / "tb")
     again = sync(tmp_path, "--tracking-uri", mlflow_server.url)
     assert again.returncode == 0 and artifact_files(client, run_id) == local_files(tmp_path / "tb")
+
+
+def batch_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of one scalar tag, in the order the event files hold them."""
+    import tensorflow as tf
+
+    out = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    out.append((event.step, float(tf.make_ndarray(value.tensor)) if value.HasField("tensor")
+                                else value.simple_value))  # fmt: skip
+    return out
+
+
+def test_batch_scalars_are_global_at_the_batches_hvd_mlflow_reduces(tmp_path, client, keras_mode):
+    """TensorBoard(update_freq=50) with log_every_n_steps=50, 100 batches per epoch: the logged batches are reduced
+    in bulk, one collective per 2 of them (about 100 optimizer steps); at the batch where that collective runs,
+    rank 0's batch scalars are the global values (hvd-mlflow's callback runs first and writes them into the batch
+    logs), equal to the run's batch/ curve; at the other batches they are rank 0's own running values."""
+    from hvd_mlflow.batch_steps import logged_batches_per_collective
+
+    every, epochs, per_epoch = 50, 2, 100
+    per_collective = logged_batches_per_collective(every)
+    run_id = client.create_run(client.create_experiment(f"tb-batch-{uuid.uuid4().hex[:8]}")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id}
+    done = launch.run(tmp_path, ["--epochs", str(epochs), "--samples", str(16 * per_epoch), "--tensorboard", "tb",
+                                 "--tensorboard-update-freq", str(every), "--log-every-n-steps", str(every)],
+                      env=env).check()  # fmt: skip
+    ranks = [done.rank(0), done.rank(1)]
+    local = [{b["iterations"]: b["loss"] for b in r["local_batches"]} for r in ranks]
+    steps = sorted(local[0])  # the optimizer's iterations, 1..batches
+    assert steps == list(range(1, epochs * per_epoch + 1))
+    logged = [s for s in steps if s % every == 0]
+    # the logged batches at which a collective runs: every per_collective-th of an epoch's (the epoch end takes the
+    # rest), here the epochs' last batches
+    collective = {s for e in range(epochs) for i, s in enumerate(x for x in logged if (x - 1) // per_epoch == e)
+                  if (i + 1) % per_collective == 0}  # fmt: skip
+    assert collective == {per_epoch * (e + 1) for e in range(epochs)}, collective
+    written = batch_scalars(tmp_path / "tb" / "train", "batch_loss")
+    import keras
+
+    if keras_mode == "keras" and int(keras.__version__.split(".")[0]) >= 3:
+        # Keras 3.3.3's TensorBoard writes every batch at step 0 (set_model sets _train_step = 0 and nothing moves
+        # it on), one scalar per batch in order: the n-th is the n-th batch
+        assert [s for s, _ in written] == [0] * len(steps), written[:5]
+        board = {steps[n]: v for n, (_, v) in enumerate(written)}
+    else:  # tf_keras and Keras 2 write at the optimizer's iterations where iterations % update_freq == 0
+        board = dict(written)
+        assert sorted(board) == logged, sorted(board)
+    reduced = {p.step: p.value for p in client.get_metric_history(run_id, "batch/loss")}
+    assert sorted(reduced) == logged
+    for step in logged:  # the run's batch curve: the mean of the ranks' own running values (equal batches)
+        assert reduced[step] == pytest.approx((local[0][step] + local[1][step]) / 2, rel=1e-6), step
+    for step, value in board.items():
+        if step in collective:  # global, as in the run
+            assert value == pytest.approx(reduced[step], rel=1e-6), step
+        else:  # rank 0's own
+            assert value == pytest.approx(local[0][step], rel=1e-6), step
+    assert all(local[0][s] != local[1][s] for s in collective)  # the ranks disagreed: global is not rank 0's
+
+
+def test_log_tensorboard_false_uploads_nothing_and_still_keeps_other_ranks_out(tmp_path, client):
+    run_id = client.create_run(client.create_experiment(f"tb-off-{uuid.uuid4().hex[:8]}")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id}
+    with Proxy(client.tracking_uri) as proxy:
+        env["MLFLOW_TRACKING_URI"] = proxy.url
+        done = launch.run(tmp_path, ["--epochs", str(EPOCHS), "--tensorboard", "tb", "--no-log-tensorboard"],
+                          env=env).check()  # fmt: skip
+        artifact_requests = [r.path for r in proxy.requests if "artifacts" in r.path]
+    folder = tmp_path / "tb"
+    events = sorted(folder.rglob("events.out.tfevents.*"))
+    assert events and all(f".{done.rank(0)['pid']}." in p.name for p in events)  # rank 0's TensorBoard still runs
+    assert artifact_files(client, run_id) == set() and not any("tensorboard" in p for p in artifact_requests)
+    assert history(client, run_id, "loss") == pytest.approx(
+        expected_global([done.rank(0), done.rank(1)], EPOCHS)["loss"]
+    )

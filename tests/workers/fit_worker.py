@@ -188,6 +188,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--probe", action="store_true", help="record the final model's predictions on 4 inputs")
     parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
     parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every rank, into this folder")
+    parser.add_argument("--tensorboard-update-freq", default="epoch", help="the TensorBoard callback's update_freq")
+    parser.add_argument("--no-log-tensorboard", action="store_true", help="autolog(log_tensorboard=False)")
     return parser.parse_args()
 
 
@@ -203,6 +205,8 @@ def hvd_mlflow_options(args: argparse.Namespace) -> dict:
         options["log_every_n_steps"] = args.log_every_n_steps
     if args.rank_spread:
         options["rank_spread"] = args.rank_spread.split(",")
+    if args.no_log_tensorboard:
+        options["log_tensorboard"] = False
     return options
 
 
@@ -239,7 +243,9 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
     if args.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
     if args.tensorboard:  # as users add it: on every rank, into one shared folder
-        callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard))
+        freq = args.tensorboard_update_freq
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard, update_freq=int(freq) if freq.isdigit()
+                                                     else freq))  # fmt: skip
     return callbacks
 
 
