@@ -5,7 +5,7 @@ did) with what the tests compare against:
 * ``local``: Keras' own epoch logs as Keras computed them on this rank, recorded by a spy on Keras'
   ``CallbackList.on_epoch_end`` before any callback (hvd-mlflow's included) runs: the independent truth;
 * ``history``: what ``model.history`` (the last callback) recorded: must be the global values;
-* ``run_id``: the run id hvd-mlflow's callback holds on this rank after the broadcast;
+* ``run_id``: the run id hvd-mlflow's callback holds on this rank (after its last epoch end, or at train end);
 * ``epoch_end_s`` / ``train_begin_s`` / ``train_end_s``: how long the callbacks took at those points (on
   rank 0 that is the stall hvd-mlflow adds to the training).
 """
@@ -85,6 +85,10 @@ def spy(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             result = originals[name](self, logs)
             record[f"{name[3:]}_s"] = time.perf_counter() - start
+            if name == "on_train_end":  # a run opened after the last epoch's collective: known at the end
+                for cb in self.callbacks:
+                    if isinstance(cb, hvd_mlflow.HorovodMlflowCallback) and cb.run_id:
+                        record["run_id"] = cb.run_id
             return result
 
         return hook
