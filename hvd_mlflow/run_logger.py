@@ -135,11 +135,9 @@ class RunLogger:
         self.journal.append("artifact", {"path": path, "folder": folder, "profile": profile})
         self.sender.notify()
 
-    def log_metrics(
-        self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None, durable: bool = True
-    ) -> None:
+    def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:
         when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        self.journal.append("metrics", values, step=step, timestamp_ms=when, durable=durable)
+        self.journal.append("metrics", values, step=step, timestamp_ms=when)
         self.sender.notify()
 
     def log_metrics_many(self, points: Iterable[tuple[int, int, Mapping[str, float]]], durable: bool = True) -> None:
