@@ -15,7 +15,10 @@ at the multiples of N).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .aggregate import Part
 
 STEPS_PER_BATCH_COLLECTIVE = 100  # logged batches wait for one collective per ~100 optimizer steps (or the epoch end)
 
@@ -86,14 +89,14 @@ class PendingBatches:
 
     def __init__(self, per_collective: int = 1) -> None:
         self.per_collective = max(1, per_collective)
-        self._kept: list[tuple[int, int, Any]] = []
+        self._kept: list[tuple[int, int, Part]] = []
 
-    def add(self, step: int, timestamp_ms: int, part: Any) -> bool:
+    def add(self, step: int, timestamp_ms: int, part: Part) -> bool:
         """Keep a logged batch; whether its collective is due now."""
         self._kept.append((step, timestamp_ms, part))
         return len(self._kept) >= self.per_collective
 
-    def take(self) -> list[tuple[int, int, Any]]:
+    def take(self) -> list[tuple[int, int, Part]]:
         """The kept batches ``(step, timestamp_ms, part)``, oldest first; none are kept afterwards."""
         kept, self._kept = self._kept, []
         return kept
