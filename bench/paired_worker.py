@@ -10,7 +10,9 @@ pairs: one without logging, one with the variant (the order alternates from pair
 drift cancels inside each pair; separate processes per variant were +-7% noisy here, too much to see 1%.
 
 Per fit, the per-epoch time is the median, over its epochs, of the wall time from an epoch's begin to the end of
-its last callback on rank 0. With ``--profile`` (variant ``hvd``), hvd-mlflow's parts are timed every epoch: the
+its last callback on rank 0. With ``--profile`` on a ``hvd-batch<N>`` variant, the callback's whole
+batch hook is timed per epoch on rank 0's training thread (``batch_hook_ms``), with the sender's CPU. With
+``--profile`` (variant ``hvd``), hvd-mlflow's parts are timed every epoch: the
 metric-state capture, the collective, the result computation from the summed state, the journal append (with
 its fsync), the rest of its epoch end, and the CPU time of rank 0's sender thread (the mean: it works every few
 epochs when they are short), on rank 0; the collective also
@@ -66,14 +68,19 @@ def timed(owner: object, name: str, part: str) -> None:
 
 
 PARTS = ("capture_ms", "collective_ms", "compute_ms", "journal_append_ms", "epoch_end_total_ms", "sender_cpu_ms")
+BATCH_PARTS = ("batch_hook_ms", "sender_cpu_ms")  # the hvd-batch<N> variants' profile
 
 
-def instrument() -> None:
+def instrument(batches: bool = False) -> None:
+    """Time hvd-mlflow's parts every epoch: the epoch's (variant ``hvd``) or, with ``batches``, the whole of the
+    callback's batch hook on the training thread (every logged batch's state read, and the batch collectives)."""
     from hvd_mlflow import callback, collectives, journal, metric_state
 
-    for part in PARTS:
+    for part in BATCH_PARTS if batches else PARTS:
         PROFILE[part] = [0.0]  # the slot timers add to (a new one each profiled epoch)
-
+    if batches:
+        timed(callback.HorovodMlflowCallback, "on_train_batch_end", "batch_hook_ms")
+        return
     timed(metric_state, "capture", "capture_ms")
     timed(collectives.Horovod, "allreduce_sum", "collective_ms")
     timed(collectives.Horovod, "allgather", "collective_ms")
@@ -239,7 +246,7 @@ def main() -> None:
     xv, yv = x[:validation], y[:validation]
     model.fit(x, y, batch_size=batch, epochs=1, validation_data=(xv, yv), verbose=0)  # warm-up: tracing not measured
     if args.profile:
-        instrument()
+        instrument(batches=args.variant.startswith("hvd-batch"))
     pairs = []
     for pair in range(args.pairs):
         order = [False, True] if pair % 2 == 0 else [True, False]
@@ -254,7 +261,8 @@ def main() -> None:
             medians[on] = statistics.median(clock.seconds)
             switch(running, False, args.out)
         pairs.append({"without_s": medians[False], "with_s": medians[True]})
-    if args.profile:  # the floors, in a no-logging fit of their own: the pairs' timed fits do not carry them
+    floored = args.profile and args.variant == "hvd"
+    if floored:  # the floors, in a no-logging fit of their own: the pairs' timed fits do not carry them
         history = model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
                             callbacks=[Floors(args.out)])  # fmt: skip
     # the collective waits for the last rank to arrive: its own cost is what the last one spends in it
@@ -264,11 +272,11 @@ def main() -> None:
         profile = {part: statistics.median(v[1:]) * 1000 for part, v in PROFILE.items() if len(v) > 1}
         if len(PROFILE.get("sender_cpu_ms", [])) > 1:  # it works every few epochs on short ones: the mean
             profile["sender_cpu_ms"] = statistics.mean(PROFILE["sender_cpu_ms"][1:]) * 1000
-        if args.profile:
+        if floored:
             last = [min(epoch) for epoch in zip(*collective, strict=True)]
             profile["collective_last_rank_ms"] = statistics.median(last) * 1000
         floors = {}
-        if args.profile:
+        if floored:
             last = [min(epoch) for epoch in zip(*floor_collective, strict=True)]
             floors = {"collective_last_rank_ms": statistics.median(last) * 1000}
             floors.update({f"{k}_ms": statistics.median(v) * 1000 for k, v in FLOORS.items() if k != "collective"})

@@ -250,7 +250,7 @@ def paired(
             fault = (lambda r, d=latency: Delay(d)) if latency else None
             args = ["--variant", variant, "--model", model, "--pairs", str(pairs), "--epochs", str(epochs),
                     "--threads", str(threads), "--out", str(out), "--against", against]  # fmt: skip
-            profiled = variant == "hvd" and against == "none"
+            profiled = (variant == "hvd" and against == "none") or variant.startswith("hvd-batch")
             with Proxy(server.url, fault=fault) as proxy:
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
                 server_cpu = server_cpu_s(server)
@@ -323,6 +323,7 @@ def per_batch(server: MlflowServer, pairs: int, epochs: int, work: Path, threads
         every = int(row["variant"].removeprefix("hvd-batch"))
         runs = client.search_runs([row["experiment_id"]], max_results=1000)
         row["added_ms_per_batch"] = row["added_ms_median"] / BATCH_STEPS
+        row["hook_ms_per_batch"] = row["profile_ms"].get("batch_hook_ms", float("nan")) / BATCH_STEPS
         row["batch_s_without"] = row["epoch_s_without"] / BATCH_STEPS
         row["batch_points"] = sum(len(client.get_metric_history(r.info.run_id, "batch/loss")) for r in runs)
         row["batch_points_expected"] = pairs * epochs * BATCH_STEPS // every
@@ -490,7 +491,9 @@ def report(results: dict) -> None:
             f"  log_every_n_steps={r['variant'].removeprefix('hvd-batch'):>2}: {r['added_ms_per_batch']:+.3f} ms per "
             f"batch on {r['batch_s_without'] * 1000:.2f} ms batches, x{r['ratio_median']:.4f} "
             f"({r['ratio_min']:.3f}-{r['ratio_max']:.3f}), {r['metric_requests_per_epoch']:.2f} metric requests/"
-            f"epoch (both fits), batch/loss points {r['batch_points']} (expected {r['batch_points_expected']})"
+            f"epoch (both fits), batch/loss points {r['batch_points']} (expected {r['batch_points_expected']}); "
+            f"hvd-mlflow's batch hook {r.get('hook_ms_per_batch', float('nan')):.3f} ms per batch on rank 0's "
+            f"training thread, the server's CPU {r['server_cpu_ms_per_epoch']:.0f} ms per epoch on the same cores"
         )
         if r["profile_ms"]:
             print("           profile: " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in r["profile_ms"].items()))

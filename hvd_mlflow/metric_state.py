@@ -17,7 +17,6 @@ validation begins (``on_test_begin``), and the validation state at ``on_epoch_en
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -25,20 +24,38 @@ from typing import Any
 import numpy as np
 
 
-@dataclasses.dataclass
 class MetricState:
     """One snapshot of all of a model's metric variables, and what they yield.
 
     ``values`` is the flat float64 concatenation of every variable; ``samples`` how many samples it covers (the
     loss tracker's count), used to weight the values of keys that cannot be computed exactly; ``compute`` maps a
-    summed state to the result keys (with ``prefix``, e.g. ``val_``) of every additive metric.
+    summed state to the result keys (with ``prefix``, e.g. ``val_``) of every additive metric. The snapshot is
+    taken as eager tensors (one small read per variable: no compiled call to trace or run, no transfer) and made
+    flat when it is first needed, in its collective: a logged batch's waits there for the next batch collective.
     """
 
-    prefix: str
-    values: np.ndarray
-    samples: float
-    compute: Callable[[np.ndarray], dict[str, float]]
-    source: _Computer | None = None  # what read it: states of one source are computed together (compute_all)
+    def __init__(
+        self,
+        prefix: str,
+        values: np.ndarray | list[Any],
+        samples: float | None,
+        compute: Callable[[np.ndarray], dict[str, float]],
+        source: _Computer | None = None,  # what read it: states of one source are computed together (compute_all)
+    ) -> None:
+        self.prefix, self.compute, self.source = prefix, compute, source
+        self._values, self._samples = values, samples
+
+    @property
+    def values(self) -> np.ndarray:
+        if not isinstance(self._values, np.ndarray):
+            self._values = _flat(self._values)
+        return self._values
+
+    @property
+    def samples(self) -> float:
+        if self._samples is None:
+            self._samples = self.source.samples(self.values) if self.source is not None else 1.0
+        return self._samples
 
 
 def compute_all(states: list[MetricState], summed: list[np.ndarray]) -> list[dict[str, float]]:
@@ -139,17 +156,19 @@ def _loss_count(model: Any) -> Any:
 
 
 def capture(model: Any, prefix: str) -> MetricState | None:
-    """The model's metric state now, or ``None`` when it has no metrics (or they are not built yet)."""
+    """The model's metric state now, or ``None`` when it has no metrics (or they are not built yet): kept as eager
+    tensors, made flat when first needed (in its collective), unless these variables can only be read compiled."""
     variables = _variables(model)
     if not variables or not hasattr(model, "get_metrics_result"):
         return None
     computer = _computer(model, variables)
-    flat = computer.read()
+    snapshot = computer.snapshot()
+    flat = snapshot if snapshot is not None else computer.read()
 
     def compute(summed: np.ndarray) -> dict[str, float]:
         return {prefix + k: v for k, v in computer(summed).items()}
 
-    return MetricState(prefix, flat, computer.samples(flat), compute, computer)
+    return MetricState(prefix, flat, None, compute, computer)
 
 
 _COMPUTERS: weakref.WeakKeyDictionary[Any, _Computer] = weakref.WeakKeyDictionary()
@@ -165,9 +184,10 @@ def _computer(model: Any, variables: list[Any]) -> _Computer:
 
 
 class _Computer:
-    """The metric state in one compiled TensorFlow call each way.
+    """The metric state read eagerly, its results in one compiled TensorFlow call.
 
-    :meth:`read` returns every metric variable as one flat float64 vector (one call, one device-to-host
+    :meth:`snapshot` reads every metric variable with one eager read op each; where they are not resource
+    variables, :meth:`read` returns them as one flat float64 vector (one compiled call, one device-to-host
     transfer). :meth:`many` (or a call with one state) puts each summed state in turn into the model's own metric
     variables, reads every result the way Keras names them and puts the variables back as they were, all in one
     call: no eager assign per variable, ``result()`` per metric or restore per variable (about 6 ms per state on a
@@ -185,7 +205,8 @@ class _Computer:
         self._compiled: dict[int, Any] = {}  # number of states -> concrete function
         self._reader: Any = None
         self._eager = False
-        self._last_read: np.ndarray | None = None  # the state as last read: every call follows a read, no step between
+        self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
+        self._snapshot: Any = None  # reads each variable as an eager tensor (False: these variables cannot)
 
     def read(self) -> np.ndarray:
         """This rank's state, flat, as float64."""
@@ -200,6 +221,21 @@ class _Computer:
         if self._last_read is None:
             self._last_read = self._read_eagerly()
         return self._last_read
+
+    def snapshot(self) -> list[Any] | None:
+        """This rank's state as one eager tensor per variable (a read op each: ~12 us against ~170 us for a compiled
+        call and its transfer), or ``None`` if these variables cannot be read that way. Resource variables copy
+        on write, so later steps do not change the tensors; :func:`_flat` makes them one float64 vector."""
+        self._last_read = None
+        if self._snapshot is None:
+            self._snapshot = _snapshot_reader(self.variables) or False
+        if self._snapshot is False:
+            return None
+        try:
+            self._last_read = self._snapshot()
+        except Exception:  # noqa: BLE001 - same variables on every rank: every rank reads them the other way
+            self._snapshot = False
+        return self._last_read  # type: ignore[return-value]
 
     def samples(self, flat: np.ndarray) -> float:
         """How many samples ``flat`` covers (the loss tracker's count), 1 if unknown."""
@@ -217,7 +253,7 @@ class _Computer:
                 self._eager = True
         # the compiled call may have failed after putting the summed state in: restore the state as last read (the
         # state the variables held when the call began: a call always follows a read, with no step in between)
-        saved = self._last_read if self._last_read is not None else self._read_eagerly()
+        saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
         return [self._run_eagerly(state, saved) for state in summed]
 
     def _read_eagerly(self) -> np.ndarray:
@@ -299,6 +335,33 @@ def _reading(variables: list[Any]) -> Callable[[], Any]:
         return tf.concat([tf.reshape(tf.cast(tf.convert_to_tensor(v), tf.float64), [-1]) for v in variables], 0)
 
     return read
+
+
+def _snapshot_reader(variables: list[Any]) -> Callable[[], list[Any]] | None:
+    """A function reading each of ``variables`` eagerly with one ``ReadVariableOp`` (tf.Variable and Keras 3's
+    TensorFlow variables both have a ``handle``), or ``None`` if they are not resource variables."""
+    try:
+        import tensorflow as tf
+        from tensorflow.python.ops import gen_resource_variable_ops
+
+        read_op = gen_resource_variable_ops.read_variable_op
+        pairs = [(v.handle, tf.as_dtype(_dtype_name(v))) for v in variables]
+        if not all(getattr(handle, "dtype", None) == tf.resource for handle, _ in pairs):
+            return None
+    except Exception:  # noqa: BLE001 - not resource variables: the compiled reader reads them
+        return None
+
+    def read() -> list[Any]:
+        return [read_op(handle, dtype) for handle, dtype in pairs]
+
+    return read
+
+
+def _flat(values: np.ndarray | list[Any]) -> np.ndarray:
+    """A state as one flat float64 vector (a snapshot's tensors, or an already flat vector)."""
+    if isinstance(values, np.ndarray):
+        return values
+    return np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in values])
 
 
 def _compiled_reader(variables: list[Any]) -> Any:

@@ -91,9 +91,24 @@ def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     assert sorted(computer._compiled) == [1, 2]  # traced once per number of states
     computer._run_compiled([other, summed])
     assert sorted(computer._compiled) == [1, 2]  # and not again
-    assert not computer._eager and computer._reader is not None  # it did compile, the reading too
-    assert state.values.tolist() == computer._read_eagerly().tolist()
+    assert not computer._eager and computer._snapshot  # it did compile; the state was read by read ops
+    assert state.values.tolist() == computer._read_eagerly().tolist() == computer.read().tolist()  # every way alike
     assert state.samples == metric_state.samples(model) == 8  # the loss tracker's count, read from the state
+
+
+def test_a_snapshot_keeps_its_values_when_training_goes_on_before_it_is_made_flat():
+    """A logged batch's state is kept as eager tensors until its collective: later steps must not change them
+    (resource variables copy on write), in both Keras flavours' variables."""
+    model = trained(["mae", keras.metrics.AUC(name="auc")])
+    state = metric_state.capture(model, prefix="")
+    assert not isinstance(state._values, np.ndarray)  # not made flat yet
+    want = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
+    x = np.arange(16, dtype="float32").reshape(8, 2) / 7
+    model.train_on_batch(x, x[:, :1] + 1)  # the metrics move on (compiled updates of the same variables)
+    now = metric_state.capture(model, prefix="").values
+    assert now.tolist() != want.tolist()
+    assert state.values.tolist() == want.tolist()  # the snapshot did not move with them
+    assert state.samples == 8
 
 
 class FailsOverALimit(RunningMax):
