@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from hvd_mlflow import divergence
+from hvd_mlflow.every_rank import divergence
 
 keras = tf.keras
 

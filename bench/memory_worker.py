@@ -9,8 +9,8 @@ from pathlib import Path
 
 import psutil
 
-from hvd_mlflow.destination import Destination
-from hvd_mlflow.run_logger import RunLogger
+from hvd_mlflow.delivery.destination import Destination
+from hvd_mlflow.rank_zero.run_logger import RunLogger
 
 
 def main() -> None:

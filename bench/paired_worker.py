@@ -74,7 +74,9 @@ BATCH_PARTS = ("batch_hook_ms", "sender_cpu_ms")  # the hvd-batch<N> variants' p
 def instrument(batches: bool = False) -> None:
     """Time hvd-mlflow's parts every epoch: the epoch's (variant ``hvd``) or, with ``batches``, the whole of the
     callback's batch hook on the training thread (every logged batch's state read, and the batch collectives)."""
-    from hvd_mlflow import callback, collectives, journal, metric_state
+    from hvd_mlflow import callback
+    from hvd_mlflow.delivery import journal
+    from hvd_mlflow.every_rank import collectives, metric_state
 
     for part in BATCH_PARTS if batches else PARTS:
         PROFILE[part] = [0.0]  # the slot timers add to (a new one each profiled epoch)

@@ -11,8 +11,8 @@ import time
 import horovod.tensorflow as hvd
 import numpy as np
 
-from hvd_mlflow.aggregate import Reducer
-from hvd_mlflow.collectives import Horovod
+from hvd_mlflow.every_rank.aggregate import Reducer
+from hvd_mlflow.every_rank.collectives import Horovod
 
 
 def per_key(values: dict[str, float]) -> dict[str, float]:

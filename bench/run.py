@@ -188,8 +188,8 @@ def reduction(counts: list[int], repeats: int, work: Path) -> dict:
 
 def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
     """Time from an epoch's end (journal append) to its point being readable from the server."""
-    from hvd_mlflow.destination import Destination
-    from hvd_mlflow.run_logger import RunLogger
+    from hvd_mlflow.delivery.destination import Destination
+    from hvd_mlflow.rank_zero.run_logger import RunLogger
 
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment(f"bench-vis-{uuid.uuid4().hex[:8]}")).info.run_id

@@ -7,8 +7,8 @@ a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs 
 (the ranks' values and early stopping would disagree): if it cannot be added, ``fit`` raises a clear error on
 every rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
 arguments and handed to the callback, whose train-begin agreement raises the same error on every rank when any rank's
-is (:mod:`hvd_mlflow.shards`); a rank without training data makes only that agreement, not Keras' ``fit``, which
-would refuse it on that rank alone.
+is (:mod:`hvd_mlflow.every_rank.shards`); a rank without training data makes only that agreement, not Keras' ``fit``,
+which would refuse it on that rank alone.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import dependencies, destination, elastic, guard, keras_flavour, shards, tensorboard, topology
 from .callback import HorovodMlflowCallback
+from .common import dependencies, topology
 from .config import AutologOptions
+from .delivery import destination, mlflow_calls
 from .errors import HvdMlflowError
+from .every_rank import elastic, keras_flavour, shards, tensorboard
 
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
@@ -79,12 +81,12 @@ def autolog(
             its ``HVD_MLFLOW_<NAME>`` environment variable, then to the documented default.
         guard_other_ranks: on ranks other than 0, every MLflow write does nothing (one warning each), since every
             rank of an AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on; see
-            :mod:`hvd_mlflow.guard`). MLflow's own TensorFlow/Keras autologging is off on every rank either way.
-        log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in ``fit``: only
-            rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write under
-            ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end of
-            ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
-            :mod:`hvd_mlflow.tensorboard`).
+            :mod:`hvd_mlflow.delivery.mlflow_calls`). MLflow's own TensorFlow/Keras autologging is off on every rank
+        either way. log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in
+            ``fit``: only rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write
+            under ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end
+            of ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
+            :mod:`hvd_mlflow.every_rank.tensorboard`).
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
@@ -95,7 +97,7 @@ def autolog(
         for model_class, original in _originals.items():
             model_class.fit = original
         _originals.clear()
-        guard.uninstall()
+        mlflow_calls.uninstall()
         _options = None
         return
     given = dict(locals())
@@ -103,7 +105,7 @@ def autolog(
     _options = AutologOptions.resolve(**given)  # once: bad values fail here, not in fit
     _run_id = destination.run_id_from_environment()
     if _options.guard_other_ranks:  # when MLflow is imported: autolog() imports none
-        guard.install_when_imported(topology.current().rank, _run_id)
+        mlflow_calls.install_when_imported(topology.current().rank, _run_id)
     dependencies.require_training_stack()
     global _hooked
     if not _hooked:  # each flavour's Model.fit is patched when that flavour is imported (at once if it is)

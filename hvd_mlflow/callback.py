@@ -1,31 +1,32 @@
 """The Keras callback: global epoch metrics on every rank, logged to MLflow by rank 0 alone.
 
 Which code runs where. Every hook runs on every rank. Inside a hook, ``if self._logging:`` marks what rank 0
-alone does (only rank 0 ever holds a :class:`~hvd_mlflow.run_logger.RunLogger`; at train begin, before it has one,
-and for the optimizer step it carries, ``rank == 0``), and all of it runs inside ``self._rank0.step(...)``
-(:mod:`hvd_mlflow.rank_zero`), which never raises: a failure there is one warning, and logging degrades instead of
+alone does (only rank 0 ever holds a :class:`~hvd_mlflow.rank_zero.run_logger.RunLogger`; at train begin, before it has
+one, and for the optimizer step it carries, ``rank == 0``), and all of it runs inside ``self._rank0.step(...)``
+(:mod:`hvd_mlflow.rank_zero.guard`), which never raises: a failure there is one warning, and logging degrades instead of
 the training.
 
 The decisions that choose which collectives a rank calls, each the same on every rank by construction:
 
-* ``on_train_begin``: one ``allgather_object`` (:mod:`hvd_mlflow.fit_plan`) when Horovod runs more than one
+* ``on_train_begin``: one ``allgather_object`` (:mod:`hvd_mlflow.every_rank.fit_plan`) when Horovod runs more than one
   process (Horovod's size). It agrees on rank 0's run and first global step, and checks that every rank has the
   same options that shape collectives (``reduction``, ``log_every_n_steps``, ``rank_spread``, ``system_metrics``,
   ``check_divergence``, and the compiled ``steps_per_execution``); if not, every rank raises the same error. It
-  also carries which of each rank's shards are empty (:mod:`hvd_mlflow.shards`): any is the same error everywhere.
+  also carries which of each rank's shards are empty (:mod:`hvd_mlflow.every_rank.shards`): any is the same error
+  everywhere.
 * ``on_train_batch_end``: whether this batch is reduced: ``log_every_n_steps`` (agreed) and the global step, which
-  is the agreed first step plus the batches counted from Keras' batch indices (:mod:`hvd_mlflow.batch_steps`),
-  never a rank's own optimizer: right when rank 0 alone restored a checkpoint, with ``steps_per_execution > 1``
-  in both Keras flavours, ``initial_epoch > 0`` and a second ``fit``.
+  is the agreed first step plus the batches counted from Keras' batch indices
+  (:mod:`hvd_mlflow.every_rank.batch_steps`), never a rank's own optimizer: right when rank 0 alone restored a
+  checkpoint, with ``steps_per_execution > 1`` in both Keras flavours, ``initial_epoch > 0`` and a second ``fit``.
 * ``on_epoch_end``: always exactly one collective (Keras calls the hook on every rank for every epoch); an
   allgather instead of an allreduce when ``rank_spread`` is set (agreed). What goes into it differs by epoch
   (validation or not, ``validation_freq``) alike on every rank, and its layout is checked inside the same
-  collective: a difference raises on every rank (:mod:`hvd_mlflow.aggregate`).
+  collective: a difference raises on every rank (:mod:`hvd_mlflow.every_rank.aggregate`).
 * nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
 
-The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.epoch_exchange` what
-rides in the epoch's collective (every rank); :mod:`hvd_mlflow.rank_zero_steps` what rank 0 alone does (each part
-inside the guard). :mod:`hvd_mlflow.fit_plan` agrees the fit's plan and builds its batch clock.
+The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.every_rank.epoch_exchange`
+what rides in the epoch's collective (every rank); :mod:`hvd_mlflow.rank_zero.steps` what rank 0 alone does (each part
+inside the guard). :mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan and builds its batch clock.
 """
 
 from __future__ import annotations
@@ -35,28 +36,20 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import (
-    collectives,
-    dependencies,
-    destination,
-    elastic,
-    fit_plan,
-    keras_flavour,
-    metric_state,
-    shards,
-    topology,
-)
 from ._log import set_silent
-from .aggregate import Part, Reduced, Reducer, numeric_entries, write_back
-from .batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
+from .common import dependencies, topology
 from .config import Options
-from .epoch_exchange import EpochExchange
-from .fit_plan import Proposal
-from .names import NameMap
-from .rank_zero import RankZeroGuard
-from .rank_zero_steps import RankZeroSteps
-from .run_logger import RunLogger
-from .system_metrics import SystemSampler
+from .delivery import destination
+from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, shards
+from .every_rank.aggregate import Part, Reduced, Reducer, numeric_entries, write_back
+from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
+from .every_rank.epoch_exchange import EpochExchange
+from .every_rank.fit_plan import Proposal
+from .every_rank.names import NameMap
+from .every_rank.system_metrics import SystemSampler
+from .rank_zero.guard import RankZeroGuard
+from .rank_zero.run_logger import RunLogger
+from .rank_zero.steps import RankZeroSteps
 
 _concrete_classes: dict[str, type] = {}
 Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_ms, values
@@ -86,7 +79,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         model.fit(x, y, epochs=10, callbacks=[hvd_mlflow.HorovodMlflowCallback(model=model), ...])
 
     With Horovod elastic (``hvd.elastic.run``), pass the elastic state: steps follow ``state.epoch``, and after
-    a reset the new rank 0 continues the same run (see :mod:`hvd_mlflow.elastic`).
+    a reset the new rank 0 continues the same run (see :mod:`hvd_mlflow.every_rank.elastic`).
 
     Args:
         model: the model that will be fitted. It picks the callback's Keras flavour (``keras`` or

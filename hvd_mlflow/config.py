@@ -52,16 +52,16 @@ class Options:
             outside AzureML jobs, off inside them (``HVD_MLFLOW_LOG_MODELS=1`` turns it on).
         max_metric_names: how many metric names a run may hold (default: the server's limit, 50 on AzureML,
             none elsewhere; 0: no limit). Names that do not fit are not logged as metrics; their values go to a
-            CSV artifact, and one warning names them (see :mod:`hvd_mlflow.metric_budget` for the order).
+            CSV artifact, and one warning names them (see :mod:`hvd_mlflow.delivery.metric_budget` for the order).
         max_rows_per_metric: how many values one metric name may hold (default: the server's limit, 1 million on
             AzureML; 0: no limit). ``log_every_n_steps`` is raised, with one warning, so that this fit's
             ``batch/`` curves fit in it.
         check_divergence: every epoch, check in the same collective that every rank holds the same weights (a
             fingerprint of them); when they differ, every rank warns once and rank 0 tags the run and logs
-            ``weights_rank_spread`` (see :mod:`hvd_mlflow.divergence`). On by default.
+            ``weights_rank_spread`` (see :mod:`hvd_mlflow.every_rank.divergence`). On by default.
         system_metrics: every rank samples its CPU, memory (and GPU) in a thread; rank 0 logs their minimum, mean
             and maximum over ranks and the rank of the maximum as ``system/...`` (see
-            :mod:`hvd_mlflow.system_metrics`). Off by default.
+            :mod:`hvd_mlflow.every_rank.system_metrics`). Off by default.
     """
 
     reduction: str = "exact"
@@ -140,10 +140,10 @@ class AutologOptions(Options):
 
     Attributes:
         guard_other_ranks: MLflow writes from user code on ranks other than 0 do nothing (see
-            :mod:`hvd_mlflow.guard`).
+            :mod:`hvd_mlflow.delivery.mlflow_calls`).
         log_tensorboard: at the end of ``fit`` rank 0 uploads each Keras ``TensorBoard`` callback's log folder into
             the run's artifacts (``tensorboard/``), within ``flush_timeout``; ``hvd-mlflow sync`` sends what could
-            not be sent (see :mod:`hvd_mlflow.tensorboard`). On by default.
+            not be sent (see :mod:`hvd_mlflow.every_rank.tensorboard`). On by default.
         tensorboard_profile: include the profiler's traces (``plugins/profile/``, from ``profile_batch``) in that
             upload. Off by default: they are often hundreds of MB.
         tensorboard_per_rank: ranks other than 0 keep their ``TensorBoard`` callback, writing into

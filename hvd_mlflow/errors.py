@@ -26,8 +26,8 @@ class LauncherMismatchError(HvdMlflowError):
 
 
 class EmptyShardError(HvdMlflowError, ValueError):
-    """Some rank's training or validation data is empty (:mod:`hvd_mlflow.shards`); raised by every rank at train
-    begin."""
+    """Some rank's training or validation data is empty (:mod:`hvd_mlflow.every_rank.shards`); raised by every rank at
+    train begin."""
 
 
 class MissingDependencyError(HvdMlflowError, ImportError):

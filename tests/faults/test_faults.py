@@ -348,7 +348,7 @@ def test_sync_from_another_host_skips_a_journal_a_training_still_writes(tmp_path
         assert journals(out), "the training never made a journal"
         time.sleep(2.0)  # a few epochs in: the run exists and has points
         elsewhere = subprocess.run(
-            ["unshare", "--uts", "sh", "-c", f"hostname other-host && {sys.executable} -m hvd_mlflow.cli sync"],
+            ["unshare", "--uts", "sh", "-c", f"hostname other-host && {sys.executable} -m hvd_mlflow.tools.cli sync"],
             cwd=out, env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.url}, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip

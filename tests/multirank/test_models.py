@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from hvd_mlflow import compat
+from hvd_mlflow.common import compat
 from tests.support import launch
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]

@@ -115,7 +115,7 @@ def test_batch_scalars_are_global_at_the_batches_hvd_mlflow_reduces(tmp_path, cl
     in bulk, one collective per 2 of them (about 100 optimizer steps); at the batch where that collective runs,
     rank 0's batch scalars are the global values (hvd-mlflow's callback runs first and writes them into the batch
     logs), equal to the run's batch/ curve; at the other batches they are rank 0's own running values."""
-    from hvd_mlflow.batch_steps import logged_batches_per_collective
+    from hvd_mlflow.every_rank.batch_steps import logged_batches_per_collective
 
     every, epochs, per_epoch = 50, 2, 100
     per_collective = logged_batches_per_collective(every)

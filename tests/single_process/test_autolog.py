@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hvd_mlflow
-from hvd_mlflow import keras_flavour
+from hvd_mlflow.every_rank import keras_flavour
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric
 
-from hvd_mlflow.plotting import curves
+from hvd_mlflow.tools.plotting import curves
 from tests.support.environment import clean_environment
 
 pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
@@ -63,7 +63,7 @@ def doctor(cwd, **env):
 
 
 def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_server):
-    from hvd_mlflow.journal import FileJournal, JournalMeta
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
 
     healthy = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
     assert healthy.returncode == 0, healthy.stdout
@@ -186,7 +186,7 @@ def test_sync_of_a_glob_over_the_journal_folder_syncs_each_journal_once(tmp_path
     journal: a second, empty run."""
     import sqlite3
 
-    from hvd_mlflow.journal import FileJournal, JournalMeta
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
 
     folder = tmp_path / ".hvd_mlflow" / "journal"
     experiment = client.create_experiment(f"glob-{uuid.uuid4().hex[:8]}")
@@ -220,7 +220,7 @@ def test_sync_of_a_glob_beside_a_live_writer_skips_it_and_keeps_its_lock(tmp_pat
     import contextlib
     import sqlite3
 
-    from hvd_mlflow.journal import FileJournal, JournalMeta, writer_state
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta, writer_state
 
     folder = tmp_path / ".hvd_mlflow" / "journal"
     experiment = client.create_experiment(f"live-{uuid.uuid4().hex[:8]}")
@@ -251,7 +251,7 @@ def test_sync_goes_on_past_a_refused_entry_and_says_what_is_left_and_why(tmp_pat
     tag and the metric are delivered in the same sync, the refused entry is named with the server's reason, kept
     in the journal, and sync exits 1; a second sync sends nothing and says the same. It printed '0 entries
     uploaded ..., 3 left' twice with rc 0, and the metric was never sent."""
-    from hvd_mlflow.journal import REJECTED, FileJournal, JournalMeta
+    from hvd_mlflow.delivery.journal import REJECTED, FileJournal, JournalMeta
 
     run_id = client.create_run(client.create_experiment(f"refused-{uuid.uuid4().hex[:8]}")).info.run_id
     client.log_param(run_id, "initial_epoch", "0")
@@ -278,7 +278,7 @@ def test_sync_goes_on_past_a_refused_entry_and_says_what_is_left_and_why(tmp_pat
 
 
 def _pending_journal(folder: Path, url: str, run_id: str, **meta):
-    from hvd_mlflow.journal import FileJournal, JournalMeta
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
 
     journal = FileJournal.create(folder, JournalMeta.new(tracking_uri=url, run_id=run_id, created_run=True, **meta))
     journal.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=1001)
@@ -319,7 +319,7 @@ def test_sync_of_a_journal_that_moved_to_memory_without_writing_back_sends_nothi
     process died before writing back: the file still holds steps 0-2 pending, with resume='log'. sync sends step 2
     only (what the run holds was delivered), counted at the server through a recording proxy. It sent all three
     (AzureML, which keeps repeated points, would hold steps 0 and 1 twice)."""
-    from hvd_mlflow.journal import FileJournal, JournalMeta
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
     from tests.support.proxy import Proxy
 
     run_id = client.create_run(client.create_experiment(f"moved-{uuid.uuid4().hex[:8]}")).info.run_id

@@ -8,9 +8,9 @@ import uuid
 import pytest
 from mlflow import MlflowClient
 
-from hvd_mlflow.delivery import JOURNAL_ID_TAG, Uploader
-from hvd_mlflow.journal import FileJournal, JournalMeta
-from hvd_mlflow.limits import AZUREML, MLFLOW
+from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
+from hvd_mlflow.delivery.limits import AZUREML, MLFLOW
+from hvd_mlflow.delivery.uploader import JOURNAL_ID_TAG, Uploader
 
 pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 
@@ -299,7 +299,7 @@ class _RecordingReads:
 def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, client, monkeypatch):
     """The held values are read from the journal a page at a time (it read them all in one list, with every row in a
     set and a sorted copy); the CSV still holds each held value once, sorted by name and step, NaN included."""
-    from hvd_mlflow import delivery
+    from hvd_mlflow.delivery import uploader as delivery
 
     monkeypatch.setattr(delivery, "HELD_PAGE", 7, raising=False)
     journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], steps=30, max_metric_names=2,
@@ -323,7 +323,7 @@ def test_a_refusal_of_the_credentials_or_the_run_rejects_no_entry(tmp_path, mlfl
     (added to sync's loop) marked all three rejected for good."""
     from mlflow.exceptions import MlflowException
 
-    from hvd_mlflow.journal import REJECTED
+    from hvd_mlflow.delivery.journal import REJECTED
 
     journal = _keyed_journal(tmp_path, mlflow_server.url, ["a"], steps=3, final_status="FINISHED")
     uploader = Uploader(journal, _Faulty(client, [], unauthorised=True), MLFLOW)

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from hvd_mlflow.destination import Destination
-from hvd_mlflow.run_logger import RunLogger
+from hvd_mlflow.delivery.destination import Destination
+from hvd_mlflow.rank_zero.run_logger import RunLogger
 
 pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them
 

@@ -5,9 +5,9 @@ import logging
 import numpy as np
 import pytest
 
-from hvd_mlflow.aggregate import MetricKeyMismatchError, Reducer, key_signature, numeric_entries, scalar
-from hvd_mlflow.collectives import Solo
-from hvd_mlflow.metric_state import MetricState
+from hvd_mlflow.every_rank.aggregate import MetricKeyMismatchError, Reducer, key_signature, numeric_entries, scalar
+from hvd_mlflow.every_rank.collectives import Solo
+from hvd_mlflow.every_rank.metric_state import MetricState
 
 
 class Peer(Solo):
@@ -173,8 +173,8 @@ def test_rank_spread_with_different_keys_still_names_them():
 
 
 def packed(keys, values, samples, states, carry, layout):
-    """The vector one rank sends, built by hand from the layout documented in hvd_mlflow/aggregate.py (not with
-    the code under test): values, values x samples, samples, each state's variables, carried values, then the
+    """The vector one rank sends, built by hand from the layout documented in hvd_mlflow/every_rank/aggregate.py (not
+    with the code under test): values, values x samples, samples, each state's variables, carried values, then the
     layout's signature h and h*h."""
     import zlib
 
@@ -220,7 +220,7 @@ def test_carried_values_are_summed_and_not_additive_keys_are_weighted():
 def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
     """Logged batches kept until the epoch end ride in its collective: the parts' vectors end to end, then one
     signature of the whole layout (the same place on every rank); each part's values from its own states."""
-    from hvd_mlflow.aggregate import Part
+    from hvd_mlflow.every_rank.aggregate import Part
 
     batch_layout, epoch_layout = ["loss", "exact", ":2"], ["loss", "exact", ":2", "+rank0_step"]
     whole = [*batch_layout, "|", *epoch_layout]

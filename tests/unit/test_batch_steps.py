@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_mlflow.batch_steps import BatchClock
+from hvd_mlflow.every_rank.batch_steps import BatchClock
 
 
 def run(clock: BatchClock, indices_per_epoch: list[list[int]]) -> list[int]:

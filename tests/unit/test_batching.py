@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hvd_mlflow.batching import EpochRecord, chunks, metric_requests
+from hvd_mlflow.delivery.batching import EpochRecord, chunks, metric_requests
 
 
 def records(n: int, keys: int, start: int = 0) -> list[EpochRecord]:

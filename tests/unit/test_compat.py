@@ -1,4 +1,5 @@
-"""Version checks and the support matrix's rows (hvd_mlflow/compat.py), and what ``hvd-mlflow doctor`` says of them."""
+"""Version checks and the support matrix's rows (hvd_mlflow/common/compat.py), and what ``hvd-mlflow doctor`` says of
+them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hvd_mlflow import compat
-from hvd_mlflow.compat import Row, closest_row, known_problems, parse
-from hvd_mlflow.dependencies import installed_version
+from hvd_mlflow.common import compat
+from hvd_mlflow.common.compat import Row, closest_row, known_problems, parse
+from hvd_mlflow.common.dependencies import installed_version
 
 REQUIREMENTS = Path(__file__).resolve().parents[2] / "requirements"
 

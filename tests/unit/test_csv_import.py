@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_mlflow.csv_import import read_csv_logger
+from hvd_mlflow.tools.csv_import import read_csv_logger
 
 
 def test_reads_keras_csvlogger_files_skipping_na_cells(tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from hvd_mlflow import destination
+from hvd_mlflow.delivery import destination
 
 
 def test_the_environment_names_the_run_the_experiment_and_the_server():

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from hvd_mlflow import elastic
+from hvd_mlflow.every_rank import elastic
 
 
 def named(name: str, message: str = "") -> BaseException:

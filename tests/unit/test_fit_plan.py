@@ -6,10 +6,11 @@ import logging
 
 import pytest
 
-from hvd_mlflow import _log, keras_flavour
+from hvd_mlflow import _log
 from hvd_mlflow.config import Options
 from hvd_mlflow.errors import HvdMlflowError, OptionsMismatchError
-from hvd_mlflow.fit_plan import Plan, Proposal, agree, batch_clock, collective_shape
+from hvd_mlflow.every_rank import keras_flavour
+from hvd_mlflow.every_rank.fit_plan import Plan, Proposal, agree, batch_clock, collective_shape
 
 
 class Gathered:
@@ -100,7 +101,7 @@ def test_a_self_tuned_steps_per_execution_turns_batch_logging_off_on_every_rank(
 
 
 def test_the_run_id_rides_as_numbers_until_every_rank_has_it():
-    from hvd_mlflow.fit_plan import run_id_carry, run_id_from_carried
+    from hvd_mlflow.every_rank.fit_plan import run_id_carry, run_id_from_carried
 
     run_id = "0123456789abcdef0fedcba987654321"
     rank0, rank1 = run_id_carry(run_id, 0, logging=True), run_id_carry(None, 1, logging=False)

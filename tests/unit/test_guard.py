@@ -5,8 +5,9 @@ from __future__ import annotations
 import mlflow
 from mlflow import MlflowClient
 
-from hvd_mlflow import compat, guard
-from hvd_mlflow.topology import Topology
+from hvd_mlflow.common import compat
+from hvd_mlflow.common.topology import Topology
+from hvd_mlflow.delivery import mlflow_calls as guard
 
 
 def test_every_write_path_is_a_no_op_on_rank_1_and_the_rank_is_asked_at_each_call(tmp_path, monkeypatch):

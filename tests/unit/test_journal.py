@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from hvd_mlflow.journal import (
+from hvd_mlflow.delivery.journal import (
     DELIVERED,
     REJECTED,
     FileJournal,
@@ -135,7 +135,7 @@ def test_sqlite_that_cannot_work_on_the_filesystem_falls_back_too(tmp_path, monk
 HOLD = """
 import sys, time
 from pathlib import Path
-from hvd_mlflow.journal import FileJournal, JournalMeta
+from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
 journal = FileJournal.create(Path(sys.argv[1]), JournalMeta.new())
 print(journal.path, flush=True)
 time.sleep(60)

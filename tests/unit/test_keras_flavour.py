@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_mlflow import keras_flavour
+from hvd_mlflow.every_rank import keras_flavour
 
 
 @pytest.mark.parametrize("flavour", keras_flavour.importable())
@@ -33,7 +33,7 @@ def test_the_flavour_said_without_tensorflow_is_the_one_tensorflow_gives(setting
     import sys
 
     code = (
-        "from hvd_mlflow import keras_flavour; said = keras_flavour.of_tf_keras()\n"
+        "from hvd_mlflow.every_rank import keras_flavour; said = keras_flavour.of_tf_keras()\n"
         "import tensorflow as tf; print(said, tf.keras.Model.__module__.split('.', 1)[0])"
     )
     env = {**os.environ, "TF_USE_LEGACY_KERAS": setting, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hvd_mlflow.metric_budget import MetricBudget
+from hvd_mlflow.delivery.metric_budget import MetricBudget
 
 
 def test_the_budget_goes_to_names_in_priority_order():

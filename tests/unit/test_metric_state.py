@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_mlflow import metric_state
+from hvd_mlflow.every_rank import metric_state
 
 keras = tf.keras
 

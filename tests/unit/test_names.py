@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from mlflow.utils.validation import _validate_metric_name
 
-from hvd_mlflow import compat
+from hvd_mlflow.common import compat
 from hvd_mlflow.errors import HvdMlflowError
-from hvd_mlflow.names import MetricNameCollisionError, NameMap, clean
+from hvd_mlflow.every_rank.names import MetricNameCollisionError, NameMap, clean
 
 
 @pytest.mark.parametrize(

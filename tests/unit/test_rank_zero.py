@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_mlflow.rank_zero import RankZeroGuard
+from hvd_mlflow.rank_zero.guard import RankZeroGuard
 
 
 def test_a_failing_step_is_one_warning_and_only_an_essential_one_turns_logging_off(monkeypatch, caplog):

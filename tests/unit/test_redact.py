@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from hvd_mlflow.redact import mask_uri, redact
+from hvd_mlflow.common.redact import mask_uri, redact
 
 
 def test_credentials_are_masked():

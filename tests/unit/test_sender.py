@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from hvd_mlflow import sender as sender_module
-from hvd_mlflow.journal import FileJournal, JournalMeta, LiveJournal
-from hvd_mlflow.limits import MLFLOW
-from hvd_mlflow.sender import Backoff, Sender
+from hvd_mlflow.delivery import sender as sender_module
+from hvd_mlflow.delivery.journal import FileJournal, JournalMeta, LiveJournal
+from hvd_mlflow.delivery.limits import MLFLOW
+from hvd_mlflow.delivery.sender import Backoff, Sender
 
 
 class FakeClient:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_mlflow import shards
+from hvd_mlflow.every_rank import shards
 
 
 def test_empty_parts_from_every_form_of_fit_data():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hvd_mlflow import tensorboard
+from hvd_mlflow.delivery import folder_artifacts
+from hvd_mlflow.every_rank import tensorboard
 
 
 def _board(log_dir):
@@ -35,8 +36,8 @@ def test_profiler_traces_only_when_asked(tmp_path):
                  "train/plugins/profile/2026_12_01/host.xplane.pb", "top.txt"):  # fmt: skip
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x")
-    without = {(p.relative_to(tmp_path).as_posix(), sub) for p, sub in tensorboard.files(tmp_path, profile=False)}
+    without = {(p.relative_to(tmp_path).as_posix(), sub) for p, sub in folder_artifacts.files(tmp_path, profile=False)}
     assert without == {("train/events.out.tfevents.1", "train"), ("validation/events.out.tfevents.2", "validation"),
                        ("top.txt", "")}  # fmt: skip
-    with_traces = {p.relative_to(tmp_path).as_posix() for p, _ in tensorboard.files(tmp_path, profile=True)}
+    with_traces = {p.relative_to(tmp_path).as_posix() for p, _ in folder_artifacts.files(tmp_path, profile=True)}
     assert "train/plugins/profile/2026_12_01/host.xplane.pb" in with_traces and len(with_traces) == 4

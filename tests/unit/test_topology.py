@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from hvd_mlflow import LauncherMismatchError, topology
-from hvd_mlflow.topology import from_environment
+from hvd_mlflow import LauncherMismatchError
+from hvd_mlflow.common import topology
+from hvd_mlflow.common.topology import from_environment
 
 
 @pytest.mark.parametrize(

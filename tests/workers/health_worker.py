@@ -36,7 +36,7 @@ CALLS: collections.Counter = collections.Counter()
 
 
 def count_collectives() -> None:
-    from hvd_mlflow.collectives import Horovod
+    from hvd_mlflow.every_rank.collectives import Horovod
 
     for name in ("allreduce_sum", "allgather", "allgather_object", "broadcast_object"):
         original = getattr(Horovod, name)

@@ -46,7 +46,7 @@ def many_metrics_model():
 def timed_epoch_ends(record: Record) -> None:
     """How long every callback together took at each epoch end on this rank, and how much of it was the wait in
     hvd-mlflow's collective for the other ranks (on 2 busy cores the ranks drift apart by seconds at times)."""
-    from hvd_mlflow import aggregate
+    from hvd_mlflow.every_rank import aggregate
 
     callback_list = keras_module.callbacks.CallbackList
     original, reduce = callback_list.on_epoch_end, aggregate.Reducer.reduce

@@ -42,7 +42,9 @@ from common import (
 )
 
 import hvd_mlflow
-from hvd_mlflow import destination, journal, keras_flavour, model_logging, names, run_params, sender
+from hvd_mlflow.delivery import destination, journal, sender
+from hvd_mlflow.every_rank import keras_flavour, names, run_params
+from hvd_mlflow.rank_zero import model_logging
 
 
 class Capture(logging.Handler):

@@ -22,11 +22,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .._log import warn_once
+from ..errors import EmptyShardError, OptionsMismatchError
 from . import keras_flavour
-from ._log import warn_once
 from .batch_steps import BatchClock
 from .collectives import Collectives
-from .errors import EmptyShardError, OptionsMismatchError
 from .shards import message as empty_shards_message
 
 

@@ -45,8 +45,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import config
-from ._log import logger
+from .. import config
+from .._log import logger
 
 SUFFIX = ".journal.sqlite"
 LOCK_SUFFIX = ".lock"

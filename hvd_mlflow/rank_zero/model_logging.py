@@ -19,9 +19,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from . import compat, guard
-from ._log import logger
-from .redact import redact
+from .._log import logger
+from ..common import compat
+from ..common.redact import redact
+from ..delivery import mlflow_calls
 
 ARTIFACT_PATH = "model"
 
@@ -45,7 +46,7 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
 
     def upload() -> None:
         try:
-            with guard.internal():
+            with mlflow_calls.internal():
                 if folder is not None:
                     from mlflow import MlflowClient
 

@@ -1,8 +1,8 @@
 """What rides in the epoch's (and a logged batch's) collective, on every rank alike: the metric states (the training
 state kept before validation resets it), and besides them rank 0's optimizer step (the batch clock's anchor), the
-samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.divergence`),
-the ranks' system metrics (:mod:`hvd_mlflow.system_metrics`); and what every rank reads back from it. The same keys
-on every rank, whatever each rank could compute (NaN then): the collective's layout never depends on one rank.
+samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.every_rank.divergence`),
+the ranks' system metrics (:mod:`hvd_mlflow.every_rank.system_metrics`); and what every rank reads back from it. The
+same keys on every rank, whatever each rank could compute (NaN then): the collective's layout never depends on one rank.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 import time
 from typing import Any
 
+from .._log import warn_once
 from . import divergence, fit_plan, keras_flavour, metric_state, run_params
-from ._log import warn_once
 from .system_metrics import summary as system_summary
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 
-from .errors import MissingDependencyError
+from ..errors import MissingDependencyError
 
 TENSORFLOW = "pip install 'tensorflow-cpu==2.16.2' && pip install --no-deps 'tf-keras==2.16.0'"
 HOROVOD = ("CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "

@@ -1,5 +1,5 @@
-"""What a guarded MLflow write returns on ranks other than 0 (:mod:`hvd_mlflow.guard`): what MLflow's signature
-promises, built here without a request, since those ranks send nothing.
+"""What a guarded MLflow write returns on ranks other than 0 (:mod:`hvd_mlflow.delivery.mlflow_calls`): what MLflow's
+signature promises, built here without a request, since those ranks send nothing.
 
 A user's script runs the same lines on every rank, and uses what the calls return:
 ``exp = mlflow.set_experiment("x"); mlflow.start_run(experiment_id=exp.experiment_id)``,
@@ -25,7 +25,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import compat, destination
+from ..common import compat
+from . import destination
 
 UNKNOWN_EXPERIMENT_ID = "0"  # MLflow's default experiment: what a rank that cannot ask the server says
 _state: dict[str, Any] = {"experiment_id": None, "experiment_name": None}

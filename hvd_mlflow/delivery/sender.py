@@ -1,7 +1,7 @@
 """Rank 0's background delivery: the training thread journals, a daemon thread uploads.
 
 The training thread only commits entries to the journal and wakes the sender (:meth:`Sender.notify`); it
-never waits on the network. The sender thread uploads with :class:`~hvd_mlflow.delivery.Uploader`. After a
+never waits on the network. The sender thread uploads with :class:`~hvd_mlflow.delivery.uploader.Uploader`. After a
 failed upload it backs off (1, 2, 4 ... up to 60 s); after three failures in a row the circuit opens: a
 warning says so, and the server is only probed every ``max_backoff`` seconds while the journal keeps
 everything. The first upload that works closes the circuit and drains the backlog in large requests.
@@ -19,12 +19,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from . import guard
-from ._log import logger
-from .delivery import Uploader, http_status, is_permanent
+from .._log import logger
+from ..common.redact import mask_uri, redact
+from . import mlflow_calls
 from .journal import LiveJournal
 from .limits import Limits
-from .redact import mask_uri, redact
+from .uploader import Uploader, http_status, is_permanent
 
 OPEN_AFTER_FAILURES = 3
 # At most about two uploads a second: epochs shorter than that are packed into one request instead of costing
@@ -206,10 +206,10 @@ class Sender:
                 tags = self._context_tags()
                 if tags:  # the journal's own tags (set by whoever made it) win
                     self.journal.update_meta(run_tags={**tags, **self.journal.meta().run_tags})
-            with guard.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
+            with mlflow_calls.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
                 client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
                 uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping,
-                                    user_metric_names=guard.user_metric_names)  # fmt: skip
+                                    user_metric_names=mlflow_calls.user_metric_names)  # fmt: skip
                 while self._deliver_once(uploader):
                     pass
         except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training

@@ -1,8 +1,8 @@
 """When to log batch values (``log_every_n_steps``), decided the same way on every rank by construction.
 
 The global step after a batch is the step this ``fit`` started from (rank 0's optimizer iteration count at train
-begin, agreed by every rank: see :mod:`hvd_mlflow.fit_plan`) plus the batches Keras ran since, counted from the
-batch indices Keras passes to every rank alike, never from a rank's own optimizer (with Horovod's resume recipe
+begin, agreed by every rank: see :mod:`hvd_mlflow.every_rank.fit_plan`) plus the batches Keras ran since, counted from
+the batch indices Keras passes to every rank alike, never from a rank's own optimizer (with Horovod's resume recipe
 the ranks' iteration counts differ until the end of the first batch). At each epoch end the count is re-anchored on
 rank 0's iteration count, carried in the epoch's collective, so that it never drifts from the optimizer's.
 

@@ -1,8 +1,8 @@
 """Rank 0's side of one ``fit``: journal every entry, let the sender upload it.
 
 Params and tags are cut to the server's limits with a warning; metric names are already clean (see
-:mod:`hvd_mlflow.names`) when they get here. Params whose names collide once cleaned are not an error here (rank
-0 alone sees them, and raising would stop rank 0 alone): they are kept, with their own names, in the params
+:mod:`hvd_mlflow.every_rank.names`) when they get here. Params whose names collide once cleaned are not an error here
+(rank 0 alone sees them, and raising would stop rank 0 alone): they are kept, with their own names, in the params
 artifact, with a warning.
 """
 
@@ -13,13 +13,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import batching, limits
-from ._log import logger, warn_once
-from .destination import Destination
-from .journal import JournalMeta, LiveJournal
-from .names import NameMap
-from .redact import mask_uri, redact
-from .sender import Sender
+from .._log import logger, warn_once
+from ..common.redact import mask_uri, redact
+from ..delivery import batching, limits
+from ..delivery.destination import Destination
+from ..delivery.journal import JournalMeta, LiveJournal
+from ..delivery.sender import Sender
+from ..every_rank.names import NameMap
 
 
 class RunLogger:

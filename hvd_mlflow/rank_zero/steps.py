@@ -1,7 +1,7 @@
 """What rank 0 alone does for the callback: the journal and the run, params, the per-epoch extras, the CSV file,
 the model, the tags, and the end of a fit. :class:`hvd_mlflow.HorovodMlflowCallback` calls these methods on rank 0
 only (where ``self._logging``: only rank 0 ever holds a run logger; ``_rank0_train_begin`` where the rank is 0), and
-each of them runs inside the rank-0 guard (``self._rank0.step(...)``, :mod:`hvd_mlflow.rank_zero`): the three
+each of them runs inside the rank-0 guard (``self._rank0.step(...)``, :mod:`hvd_mlflow.rank_zero.guard`): the three
 ``_rank0_train_begin``, ``_epoch_extras`` and ``_finish_logging`` open the guard around each of their parts, the
 others are called inside one. None of it may decide a collective, and what it raises becomes a warning.
 """
@@ -12,8 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import destination, journal, keras_flavour, metric_state, model_logging, run_params
-from ._log import logger, warn_once
+from .._log import logger, warn_once
+from ..delivery import destination, journal
+from ..every_rank import keras_flavour, metric_state, run_params
+from . import model_logging
 from .run_logger import RunLogger
 
 HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
@@ -45,7 +47,7 @@ class RankZeroSteps:
 
     def _epoch_extras(self, logged: dict[str, float]) -> None:
         """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every
-        rank's: :meth:`hvd_mlflow.epoch_exchange.EpochExchange._epoch_dynamics`)."""
+        rank's: :meth:`hvd_mlflow.every_rank.epoch_exchange.EpochExchange._epoch_dynamics`)."""
         if self._reducer.inexact - self._inexact_logged:
             with self._rank0.step("recording which values are not exact"):
                 self._record_inexact()

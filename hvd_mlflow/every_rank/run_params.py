@@ -6,10 +6,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import keras_flavour, topology
-from ._version import __version__
+from .._version import __version__
+from ..common import topology
+from ..common.dependencies import installed_version
+from . import keras_flavour
 from .aggregate import scalar
-from .dependencies import installed_version
 
 
 def versions(flavour: str) -> dict[str, str]:

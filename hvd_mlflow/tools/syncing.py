@@ -2,7 +2,7 @@
 to the end, and what is left and why.
 
 Only hvd-mlflow journals are ever opened for writing: each path is checked read-only first
-(:func:`hvd_mlflow.journal.inspect`: the name, SQLite's header, the tables, a journal id), and a journal's
+(:func:`hvd_mlflow.delivery.journal.inspect`: the name, SQLite's header, the tables, a journal id), and a journal's
 companions (its lock, SQLite's ``-wal``/``-shm``), as a shell glob over the journal folder gives them, stand for
 their journal, which is synced once. Delivery is the live sender's own loop (:meth:`Uploader.deliver`), run
 until nothing that can be sent is pending; entries the server refuses for good are kept in the journal, marked
@@ -21,9 +21,10 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from . import compat, destination
-from . import journal as journal_module
-from .journal import Entry, FileJournal, JournalMeta
+from ..common import compat
+from ..delivery import destination
+from ..delivery import journal as journal_module
+from ..delivery.journal import Entry, FileJournal, JournalMeta
 
 _REPORTED = 3  # refused entries named in the one-line report; the others are counted
 _LIVE = "a training still sends from it (its process holds the journal; --force uploads)"
@@ -90,7 +91,8 @@ def sync_one(
     force: bool,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Synced:
-    """Deliver one journal; :class:`~hvd_mlflow.journal.NotAJournal` (the file untouched) when it is not one."""
+    """Deliver one journal; :class:`~hvd_mlflow.delivery.journal.NotAJournal` (the file untouched) when it is not
+    one."""
     meta = journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
     if not force and journal_module.written_now(path, meta):  # a live writer's journal is not even opened
         return Synced(path, skipped=_LIVE)
@@ -107,8 +109,8 @@ def _deliver(
     journal: FileJournal, tracking_uri: str | None, *, keep: bool, on_progress: Callable[[int, int], None] | None
 ) -> Synced:
 
-    from .delivery import Uploader
-    from .limits import for_tracking_uri
+    from ..delivery.limits import for_tracking_uri
+    from ..delivery.uploader import Uploader
 
     path = journal.path
     meta = journal.meta()

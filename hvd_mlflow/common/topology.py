@@ -14,7 +14,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from .errors import LauncherMismatchError
+from ..errors import LauncherMismatchError
 
 
 @dataclasses.dataclass(frozen=True)

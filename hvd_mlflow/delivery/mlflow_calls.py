@@ -6,7 +6,7 @@ every rank (outside AzureML it creates one stray run per rank). :func:`install` 
 no-op on ranks other than 0, each with one warning that says why: the fluent functions (also when the user
 imported them before ``autolog()``: they end in the client), every write method of ``MlflowClient``, and
 ``log_model`` of every flavour (through ``mlflow.models.Model.log``). Each returns there what MLflow's signature
-promises, built without a request (:mod:`hvd_mlflow.stand_ins`): ``set_experiment`` an ``Experiment``,
+promises, built without a request (:mod:`hvd_mlflow.delivery.stand_ins`): ``set_experiment`` an ``Experiment``,
 ``create_experiment`` an id, ``log_model`` a ``ModelInfo``, ``create_run`` a ``Run``, ...; so a script that uses
 the results runs on every rank. ``mlflow.start_run()`` there returns a run object for the job's run, which
 ``mlflow.active_run()`` then returns too, until ``mlflow.end_run()``. On rank 0 the user's own ``mlflow.log_*``
@@ -32,8 +32,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from . import destination, stand_ins, topology
-from ._log import warn_once
+from .._log import warn_once
+from ..common import topology
+from . import destination, stand_ins
 
 FLUENT_WRITERS = (
     "log_metric", "log_metrics", "log_param", "log_params", "set_tag", "set_tags", "delete_tag", "log_artifact",
@@ -126,7 +127,7 @@ StandIn = Callable[[Mapping[str, Any]], Any]  # the call's arguments by name -> 
 
 def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn | None = None):
     """``original`` on rank 0; on other ranks one warning, and ``elsewhere(arguments)`` as the result (what MLflow's
-    signature promises, :mod:`hvd_mlflow.stand_ins`), else ``None``."""
+    signature promises, :mod:`hvd_mlflow.delivery.stand_ins`), else ``None``."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():

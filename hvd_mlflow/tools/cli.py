@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
-from . import config, destination
-from . import journal as journal_module
-from ._version import __version__
+from .. import config
+from .._version import __version__
+from ..delivery import destination
+from ..delivery import journal as journal_module
 
 
 class _OneLineErrors(click.Group):
@@ -31,7 +32,7 @@ class _OneLineErrors(click.Group):
 
 
 def _explain(error: BaseException) -> str:
-    from .redact import redact
+    from ..common.redact import redact
 
     message = " ".join(redact(str(error)).split())[:500] or type(error).__name__
     code = getattr(error, "error_code", "")
@@ -88,7 +89,7 @@ def sync(journals: tuple[Path, ...], tracking_uri: str | None, keep: bool, force
 
 def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) -> str | None:
     """Sync one journal, saying what was done; the one-line problem when something is left, else None."""
-    from .redact import redact
+    from ..common.redact import redact
     from .syncing import sync_one
 
     try:

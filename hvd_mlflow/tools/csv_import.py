@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from . import compat
-from .aggregate import scalar
-from .delivery import JOURNAL_ID_TAG, Uploader
-from .journal import JournalMeta, MemoryJournal
-from .limits import for_tracking_uri
-from .names import NameMap
+from ..common import compat
+from ..delivery.journal import JournalMeta, MemoryJournal
+from ..delivery.limits import for_tracking_uri
+from ..delivery.uploader import JOURNAL_ID_TAG, Uploader
+from ..every_rank.aggregate import scalar
+from ..every_rank.names import NameMap
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,8 @@
 Every rank packs, in one float64 vector (one part per reduction: an epoch's logs, and the logged batches that ride
 along, end to end): the numeric entries of its logs in sorted key order; each value times
 the number of samples it was measured on, and that number; the state of its Keras metrics (training state and
-validation state, see :mod:`hvd_mlflow.metric_state`); and a signature of all that layout (a 20-bit hash ``h``
-and ``h*h``). One sum-allreduce of that vector gives every reduction:
+validation state, see :mod:`hvd_mlflow.every_rank.metric_state`); and a signature of all that layout (a 20-bit hash
+``h`` and ``h*h``). One sum-allreduce of that vector gives every reduction:
 
 * ``exact`` (default): each metric's result computed from its state summed over ranks: the metric of all
   ranks' samples together (AUC, precision and recall of the union, accuracy and loss over uneven shards);
@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from ._log import warn_once
+from .._log import warn_once
+from ..config import REDUCTIONS
+from ..errors import MetricKeyMismatchError
 from .collectives import Collectives
-from .config import REDUCTIONS
-from .errors import MetricKeyMismatchError
 from .metric_state import MetricState, compute_all
 
 _SIGNATURE_BITS = 20

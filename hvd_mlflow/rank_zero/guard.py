@@ -10,7 +10,7 @@ hook is written as::
 An exception inside a step becomes one warning that names the step and says what is lost, and the logging
 degrades instead of the training, one rung at a time:
 
-1. the journal file cannot be written: the journal goes on in memory (:class:`hvd_mlflow.journal.LiveJournal`
+1. the journal file cannot be written: the journal goes on in memory (:class:`hvd_mlflow.delivery.journal.LiveJournal`
    does this by itself, for the training thread and the sender alike);
 2. a step that adds something to the run fails (params, the learning rate, the model, the CSV file): that is not
    logged, everything else is;
@@ -30,8 +30,8 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from ._log import logger
-from .redact import redact
+from .._log import logger
+from ..common.redact import redact
 
 TESTING_VARIABLE = "HVD_MLFLOW_TESTING"
 

@@ -1,5 +1,5 @@
 """Whether this rank's shard of ``fit``'s data is empty: found from ``fit``'s arguments on each rank, agreed at
-train begin (:mod:`hvd_mlflow.fit_plan`), so that every rank raises the same error when any rank's is.
+train begin (:mod:`hvd_mlflow.every_rank.fit_plan`), so that every rank raises the same error when any rank's is.
 
 An empty shard is a rank's own data (a dataset sharded over more ranks than it has files or samples), so it may
 never decide anything on that rank alone (errors.py's contract): Keras cannot train on it nor evaluate it (Keras 3

@@ -7,10 +7,12 @@ import os
 import platform
 from collections.abc import Callable
 
-from . import compat, dependencies, destination, journal, keras_flavour, topology
-from .dependencies import installed_version
-from .errors import LauncherMismatchError
-from .redact import mask_uri
+from ..common import compat, dependencies, topology
+from ..common.dependencies import installed_version
+from ..common.redact import mask_uri
+from ..delivery import destination, journal
+from ..errors import LauncherMismatchError
+from ..every_rank import keras_flavour
 
 
 @dataclasses.dataclass
@@ -124,8 +126,8 @@ def reports() -> bool:
 
 def _budget(uri: str) -> Check:
     """The metric-name budget and row limit that apply to a run here."""
-    from .config import Options
-    from .limits import for_tracking_uri
+    from ..config import Options
+    from ..delivery.limits import for_tracking_uri
 
     options = Options.resolve()
     limits = for_tracking_uri(uri).with_options(options.max_metric_names, options.max_rows_per_metric)

@@ -9,7 +9,8 @@ So, for each ``fit``:
   ``log_every_n_steps`` reduces, rank 0's own elsewhere). At the end of ``fit`` its folder goes into the run's
   artifacts under ``tensorboard/`` (``tensorboard/<folder name>/`` for each of several callbacks), sent by the
   sender within ``flush_timeout`` and journaled, so ``hvd-mlflow sync`` uploads what could not be sent. Profiler
-  traces (``plugins/profile/``, often hundreds of MB) are left out unless ``tensorboard_profile=True``.
+  traces (``plugins/profile/``, often hundreds of MB) are left out unless ``tensorboard_profile=True``
+  (:mod:`hvd_mlflow.delivery.folder_artifacts`).
 * **Other ranks** leave their ``TensorBoard`` out of the ``fit`` (one INFO line), or, with
   ``tensorboard_per_rank=True``, write into ``<log_dir>/rank-<N>/``, never beside rank 0's files.
 
@@ -24,10 +25,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ._log import logger
+from .._log import logger
 
 ARTIFACT_ROOT = "tensorboard"
-PROFILE_DIR = ("plugins", "profile")  # where TensorBoard's profiler (profile_batch) writes its traces
 RANK_DIR = "rank-{rank}"
 
 
@@ -65,19 +65,3 @@ def uploads(callbacks: Iterable[Any]) -> list[tuple[str, str]]:
     if len(folders) == 1:
         return [(folders[0], ARTIFACT_ROOT)]
     return [(folder, f"{ARTIFACT_ROOT}/{Path(folder).name}") for folder in folders]
-
-
-def files(folder: Path, profile: bool) -> list[tuple[Path, str]]:
-    """Every file under ``folder`` with the artifact sub-folder it goes to (profiler traces only with ``profile``)."""
-    out = []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        relative = path.relative_to(folder)
-        if not profile and _under_profile(relative.parts):
-            continue
-        out.append((path, "/".join(relative.parts[:-1])))
-    return out
-
-
-def _under_profile(parts: tuple[str, ...]) -> bool:
-    size = len(PROFILE_DIR)
-    return any(parts[i : i + size] == PROFILE_DIR for i in range(len(parts) - size + 1))

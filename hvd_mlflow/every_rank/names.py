@@ -11,9 +11,9 @@ import posixpath
 import re
 from collections.abc import Iterable
 
-from . import compat
-from ._log import warn_once
-from .errors import MetricNameCollisionError
+from .._log import warn_once
+from ..common import compat
+from ..errors import MetricNameCollisionError
 
 _BAD = re.compile(r"[^/\w.\- :]")
 _BAD_WITHOUT_COLONS = re.compile(r"[^/\w.\- ]")

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from . import topology
+from ..common import topology
 
 
 class Collectives(Protocol):

@@ -1,7 +1,7 @@
 """Where rank 0 logs: the tracking URI, the run to log into, and whether this is an AzureML job.
 
 :func:`resolve` runs in the training thread and makes no request; opening the run (creating one when there
-is none to attach to) is the sender's job, in its background thread (:mod:`hvd_mlflow.delivery`).
+is none to attach to) is the sender's job, in its background thread (:mod:`hvd_mlflow.delivery.uploader`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
-from .redact import mask_uri
+from ..common.redact import mask_uri
 
 RUN_ID_VARIABLE = "MLFLOW_RUN_ID"  # MLflow's start_run() deletes it when it attaches to the run
 TRACKING_URI_VARIABLE = "MLFLOW_TRACKING_URI"

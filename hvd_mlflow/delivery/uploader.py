@@ -12,12 +12,12 @@ be repeated without harm:
 
 Resuming (``resume="skip"``, the default): when the journal's run already existed (a restarted job attaching to
 its run, a second ``fit``, a new rank 0 after an elastic reset, ``sync`` of an old journal), the run is read
-once before anything is sent (:mod:`hvd_mlflow.run_contents`): a metric point at or below that metric's last
+once before anything is sent (:mod:`hvd_mlflow.delivery.run_contents`): a metric point at or below that metric's last
 logged step is not sent again (counted and warned about once), a param equal to the logged one is not sent, and
 params whose value changed (MLflow refuses to change params) go, with one warning, to one JSON artifact.
 
-Per-run limits (AzureML's): metric names within the name budget (:mod:`hvd_mlflow.metric_budget`), the values of
-the others kept for one CSV artifact sent at the end; tags within the tag budget, the others in a JSON artifact.
+Per-run limits (AzureML's): metric names within the name budget (:mod:`hvd_mlflow.delivery.metric_budget`), the values
+of the others kept for one CSV artifact sent at the end; tags within the tag budget, the others in a JSON artifact.
 
 HTTP retries (408/429/5xx, connection errors, ``Retry-After``) are MLflow's own. An error the server will
 repeat (4xx) is not retried forever: a refused metrics request is split by key until the refused keys are found
@@ -35,13 +35,14 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .._log import logger
+from ..common.redact import redact
 from . import batching
-from ._log import logger
 from .batching import EpochRecord
+from .folder_artifacts import files
 from .journal import DELIVERED, REJECTED, Entry, Journal, JournalMeta
 from .limits import Limits
 from .metric_budget import MetricBudget, is_epoch_name
-from .redact import redact
 from .run_contents import RunContents
 
 JOURNAL_ID_TAG = "hvd_mlflow.journal_id"
@@ -415,8 +416,6 @@ class Uploader:
 
     def _send_folder(self, run_id: str, entry: Entry) -> bool:
         """Every file of a local folder into the run's artifacts; False (and the entry rejected) when it is gone."""
-        from .tensorboard import files
-
         folder = Path(entry.payload["folder"])
         if not folder.is_dir():
             gone = FileNotFoundError(f"{folder} no longer exists")
