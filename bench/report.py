@@ -1,4 +1,5 @@
-"""Turn bench/results/*.json into the tables of bench/README.md and the plot docs/overhead.png."""
+"""Turn bench/results/*.json into the tables of bench/README.md (docs/overhead.png: ``python -m bench.figures``,
+once the results are committed)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ NAMES = {
     "hvd-mean": 'hvd_mlflow.autolog(reduction="mean")',
     "hvd-system": "hvd_mlflow.autolog(system_metrics=True)",
 }
-COLOURS = {"seed": "tab:blue", "mlflow": "tab:orange", "hvd": "tab:green"}
 
 
 MODELS = {  # bench/paired_worker.py's models
@@ -192,27 +192,6 @@ def tables(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, (name, r) in zip(axes[0], results.items(), strict=True):  # results with the overhead section
-        for variant in ("seed", "mlflow", "hvd"):
-            rows = [row for row in r["overhead"] if row["variant"] == variant]
-            if rows:
-                ax.plot([row["latency_ms"] for row in rows], [row["fit_ratio_median"] for row in rows], "o-",
-                        label=NAMES[variant], color=COLOURS[variant])  # fmt: skip
-        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set(title=name, xlabel="tracking latency per request (ms)", ylabel="fit time / no logging")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("folder", type=Path)
@@ -227,7 +206,7 @@ def main() -> None:
     body = readme.read_text()
     body = re.sub(r"(<!-- results -->\n).*(<!-- /results -->)", lambda m: m[1] + text + "\n" + m[2], body, flags=re.S)
     readme.write_text(body)
-    plot({k: r for k, r in results.items() if "overhead" in r}, ROOT / "docs" / "overhead.png")
+    print("docs/overhead.png: commit bench/results/, then python -m bench.figures")
 
 
 if __name__ == "__main__":
