@@ -1,0 +1,134 @@
+"""What a journal holds and promises, shared by every kind of journal: its entries (:class:`Entry`), its typed
+description (:class:`JournalMeta`), the states an entry goes through, what a journal file is named, what a journal
+file can fail with, and what the uploader needs of any journal (:class:`Journal`).
+
+Plain data, no I/O: used wherever a journal is, on rank 0's training thread (which writes the journal, inside the
+guard), on its sender thread and in ``hvd-mlflow sync`` (which read it and acknowledge what was delivered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+SUFFIX = ".journal.sqlite"
+LOCK_SUFFIX = ".lock"
+PENDING, DELIVERED, REJECTED = 0, 1, 2
+# What a journal file can fail with: every SQLite error (full disk, read-only file, no locking on a network
+# mount, a corrupt file) and the OS errors around it.
+STORAGE_ERRORS: tuple[type[BaseException], ...] = (sqlite3.Error, OSError)
+
+
+class NotAJournal(ValueError):
+    """A file ``sync`` was given that is not an hvd-mlflow journal: it is left as it is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    seq: int
+    kind: str
+    step: int | None
+    timestamp_ms: int | None
+    payload: dict[str, Any]
+
+
+NewEntry = tuple[str, Mapping[str, Any], "int | None", "int | None"]  # what append takes: kind, payload, step, ms
+
+
+@dataclasses.dataclass(frozen=True)
+class JournalMeta:
+    """What a journal is for: where its entries go, and what became of the run.
+
+    Stored as one row per field in the journal's ``meta`` table (booleans as ``"1"``/``"0"``, ``run_tags`` as
+    JSON); :meth:`to_rows` and :meth:`from_rows` are the only code that knows that layout.
+    """
+
+    journal_id: str = ""
+    created: float = 0.0
+    tracking_uri: str = ""  # credentials masked
+    tracking_uri_has_credentials: bool = False  # then ``sync`` needs the URI again (MLFLOW_TRACKING_URI)
+    run_id: str | None = None
+    experiment_id: str | None = None
+    experiment_name: str | None = None
+    job_mode: bool = False  # an AzureML job: never create nor end the run
+    resume: str = "skip"
+    elastic: bool = False
+    created_run: bool = False  # hvd-mlflow created the run, so it ends it with the training's outcome
+    create_attempted: bool = False  # a create_run was sent: look for its run before creating another
+    run_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)  # tags of a run created from here
+    pid: int | None = None  # the writer, for journals on filesystems without locks
+    host: str | None = None
+    max_metric_names: int | None = None  # the user's budget options (None: the server's limits; 0: no limit)
+    max_rows_per_metric: int | None = None
+    final_status: str | None = None  # FINISHED / FAILED / KILLED once the training's outcome is known
+    ended: bool = False  # the run was ended (or, not ours, left as it is) after everything was delivered
+    moved_to_memory: bool = False  # the training journaled in memory after the file failed; what it did there
+    # (acknowledgements, entries, the outcome) was written back into the file when the process released it
+
+    @classmethod
+    def new(cls, **fields: Any) -> JournalMeta:
+        """A description for a new journal: a fresh id, now, this process."""
+        defaults = {"journal_id": uuid.uuid4().hex, "created": time.time(), "pid": os.getpid(),
+                    "host": socket.gethostname()}  # fmt: skip
+        return cls(**{**defaults, **fields})
+
+    def to_rows(self) -> dict[str, str | None]:
+        rows: dict[str, str | None] = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool):
+                rows[field.name] = "1" if value else "0"
+            elif isinstance(value, Mapping):
+                rows[field.name] = json.dumps(dict(value))
+            else:
+                rows[field.name] = None if value is None else str(value)
+        return rows
+
+    @classmethod
+    def from_rows(cls, rows: Mapping[str, str | None]) -> JournalMeta:
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = rows.get(field.name)
+            if raw is None:
+                continue
+            kind = str(field.type)
+            if kind == "bool":
+                values[field.name] = raw == "1"
+            elif kind == "float":
+                values[field.name] = float(raw)
+            elif kind.startswith("int"):
+                values[field.name] = int(raw)
+            elif kind.startswith("Mapping"):
+                values[field.name] = json.loads(raw or "{}")
+            else:
+                values[field.name] = raw
+        return cls(**values)
+
+
+class Journal(Protocol):
+    """What the uploader needs of a journal (file or memory)."""
+
+    @property
+    def location(self) -> str: ...
+    def meta(self) -> JournalMeta: ...
+    def update_meta(self, **changes: Any) -> JournalMeta: ...
+    def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
+    ) -> int: ...
+    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int: ...
+    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]: ...
+    def count(self, state: int = PENDING) -> int: ...
+    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
+    def close(self) -> None: ...
