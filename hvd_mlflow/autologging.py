@@ -82,10 +82,11 @@ def autolog(
         guard_other_ranks: on ranks other than 0, every MLflow write does nothing (one warning each), since every
             rank of an AzureML job shares the job's run (``HVD_MLFLOW_GUARD_OTHER_RANKS``, default on; see
             :mod:`hvd_mlflow.delivery.mlflow_calls`). MLflow's own TensorFlow/Keras autologging is off on every rank
-        either way. log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in
-            ``fit``: only rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write
-            under ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end
-            of ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
+            either way.
+        log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in ``fit``: only
+            rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write under
+            ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end of
+            ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
             :mod:`hvd_mlflow.every_rank.tensorboard`).
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
