@@ -173,7 +173,7 @@ def test_a_refusal_of_the_request_itself_is_not_split_by_key(tmp_path, mlflow_se
     with pytest.raises(MlflowException, match="unauthorised"):  # nor is any entry rejected for it (test below)
         uploader.upload_some()
     assert faulty.calls == 1
-    assert uploader._refused == {}
+    assert uploader.names.refused == {}
 
 
 def test_batch_values_do_not_wait_for_an_epoch_end_on_a_server_without_a_name_budget(tmp_path, mlflow_server, client):
@@ -274,7 +274,7 @@ def test_what_the_uploader_remembers_of_held_values_ends_with_their_entries(tmp_
     uploader = Uploader(journal, client, MLFLOW)
     uploader.deliver(until_done=True)
     assert not journal.pending(1, kinds=("metrics",))
-    assert len(uploader._held) == 0
+    assert len(uploader.names.held) == 0
     assert uploader.finish()
     held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
     rows = sorted(tuple(line.split(",")[:2]) for line in open(held).read().splitlines()[1:] if line)
@@ -299,7 +299,7 @@ class _RecordingReads:
 def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, client, monkeypatch):
     """The held values are read from the journal a page at a time (it read them all in one list, with every row in a
     set and a sorted copy); the CSV still holds each held value once, sorted by name and step, NaN included."""
-    from hvd_mlflow.delivery import uploader as delivery
+    from hvd_mlflow.delivery import over_budget_csv as delivery
 
     monkeypatch.setattr(delivery, "HELD_PAGE", 7, raising=False)
     journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], steps=30, max_metric_names=2,
