@@ -39,12 +39,12 @@ COLOURS = {"hvd": "tab:green", "hvd-mean": "tab:olive", "hvd-system": "tab:cyan"
            "seed": "tab:blue"}  # fmt: skip
 PANELS = (  # section, paired against, title, y label, the added ms labelled too
     ("realistic", "none",
-     "Realistic model (~0.4 s epochs), 8 pairs of fits per point:\nfit time with / without logging",
+     "Realistic model (~0.4 s epochs), {pairs} pairs of fits per point:\nfit time with / without logging",
      "fit time with / without, per pair: median (marker), min-max (line)", False),
     ("small", "seed",
-     "Small model (~40 ms epochs), 16 pairs per point:\nhvd-mlflow head to head against the seed recipe",
+     "Small model (~40 ms epochs), {pairs} pairs per point:\nhvd-mlflow head to head against the seed recipe",
      "fit time hvd-mlflow / seed recipe (added ms per epoch)", True),
-    ("small", "none", "Small model (~40 ms epochs), 16 pairs per point:\neach against no logging (the worst case)",
+    ("small", "none", "Small model (~40 ms epochs), {pairs} pairs per point:\neach against no logging (the worst case)",
      "fit time with / without", False),
 )  # fmt: skip
 
@@ -121,7 +121,8 @@ def panel(ax: Axes, picked: list[tuple[str, dict]], results: dict[str, dict], ti
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks(range(len(latencies)), [f"{lat} ms" for lat in latencies])
     ax.set_xlim(-0.6, len(latencies) - 0.4)
-    ax.set(title=title, xlabel="tracking latency per request")
+    pairs = "/".join(str(n) for n in sorted({row["pairs"] for _, row in picked}))  # from the results, not assumed
+    ax.set(title=title.format(pairs=pairs), xlabel="tracking latency per request")
     ax.title.set_fontsize(9)
 
 

@@ -10,6 +10,6 @@ and the run's params read from the model (:mod:`.run_params`).
 Rule 2 lives here: every decision that changes which collectives a rank calls is derived from what Keras passes
 to every rank alike, or agreed in a collective; never from one rank's optimizer state, clock, files or server
 answers. An error raised here is raised on every rank at the same point. Imports only :mod:`hvd_mlflow.common`
-and the top's ``config``, ``errors`` and ``_log``: nothing of rank 0's logging or of delivery, so nothing here
-can wait on the tracking server.
+and the top's leaves (``config``, ``errors``, ``_log``, ``_version``): nothing of rank 0's logging or of delivery,
+so nothing here can wait on the tracking server.
 """

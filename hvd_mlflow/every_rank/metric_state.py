@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .._log import warn_once
+
 
 class MetricState:
     """One snapshot of all of a model's metric variables, and what they yield.
@@ -47,8 +49,16 @@ class MetricState:
 
     @property
     def values(self) -> np.ndarray:
+        """The flat state. Made flat here, on the way into a collective: if a snapshot's tensors cannot be copied
+        out now (an error a device reports late), this rank sends NaN of the same size, one warning, rather than
+        raise alone while the others wait in the collective (the layout stays the same on every rank)."""
         if not isinstance(self._values, np.ndarray):
-            self._values = _flat(self._values)
+            try:
+                self._values = _flat(self._values)
+            except Exception as error:  # noqa: BLE001 - raised here, it would be on this rank alone
+                warn_once("snapshot", "hvd-mlflow: a metric state could not be read (%s); its values are NaN", error)
+                size = sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._values)
+                self._values = np.full(size, np.nan)
         return self._values
 
     @property
@@ -233,7 +243,7 @@ class _Computer:
             return None
         try:
             self._last_read = self._snapshot()
-        except Exception:  # noqa: BLE001 - same variables on every rank: every rank reads them the other way
+        except Exception:  # noqa: BLE001 - read the other way: every way gives the same vector, so the layout holds
             self._snapshot = False
         return self._last_read  # type: ignore[return-value]
 

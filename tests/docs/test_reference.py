@@ -32,3 +32,39 @@ def test_every_option_is_documented_once_in_the_docstring_and_the_reference_tabl
         assert re.search(rf"^\s+{option.name}: ", doc, re.M), f"the docstring does not describe {option.name}"
     documented = {name for name in table if name in {f.name for f in dataclasses.fields(AutologOptions)}}
     assert documented == {f.name for f in dataclasses.fields(AutologOptions)}
+
+
+def test_every_tag_and_module_the_docs_name_exists():
+    """A `hvd_mlflow.<name>` in README.md or docs/ is a tag the code writes (a string literal in hvd_mlflow/) where
+    its line speaks of tags, else a module of the package or an attribute of one: a moved module or a renamed tag
+    cannot leave the docs naming what is gone (the layout move once turned the tag `hvd_mlflow.keras_flavour` into
+    the module path `hvd_mlflow.every_rank.keras_flavour` in four places)."""
+    import importlib
+
+    root = REFERENCE.parents[1]
+    code = "".join(p.read_text() for p in (root / "hvd_mlflow").rglob("*.py"))
+    missing = []
+    for doc in [root / "README.md", *(root / "docs").glob("*.md")]:
+        for line in doc.read_text().splitlines():
+            for name in re.findall(r"`(hvd_mlflow(?:\.[A-Za-z_]\w*)+)`", line):
+                if f'"{name}"' in code:  # a tag (or a logger's name) the code writes
+                    continue
+                if "tag" in line or not _importable(importlib, name):
+                    missing.append(f"{doc.name}: {name}")
+    assert missing == []
+
+
+def _importable(importlib, name: str) -> bool:
+    """Whether ``name`` is a module of the package, or an attribute of its longest importable prefix."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False

@@ -301,7 +301,7 @@ def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, 
     set and a sorted copy); the CSV still holds each held value once, sorted by name and step, NaN included."""
     from hvd_mlflow.delivery import over_budget_csv as delivery
 
-    monkeypatch.setattr(delivery, "HELD_PAGE", 7, raising=False)
+    monkeypatch.setattr(delivery, "HELD_PAGE", 7)
     journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], steps=30, max_metric_names=2,
                              final_status="FINISHED")  # fmt: skip
     journal.append("over_budget", {"c": 0.2}, step=0, timestamp_ms=1000)  # a repeat, as a retry may hold it

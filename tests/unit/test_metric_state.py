@@ -26,9 +26,9 @@ class Counter(RunningMax):
     hvd_mlflow_additive = True
 
 
-def trained(metrics):
+def trained(metrics, jit_compile=False):
     model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=metrics)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", metrics=metrics, jit_compile=jit_compile)
     x = np.arange(16, dtype="float32").reshape(8, 2) / 10
     model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0)
     return model
@@ -96,19 +96,39 @@ def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     assert state.samples == metric_state.samples(model) == 8  # the loss tracker's count, read from the state
 
 
-def test_a_snapshot_keeps_its_values_when_training_goes_on_before_it_is_made_flat():
-    """A logged batch's state is kept as eager tensors until its collective: later steps must not change them
-    (resource variables copy on write), in both Keras flavours' variables."""
-    model = trained(["mae", keras.metrics.AUC(name="auc")])
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("then", ["trains", "validates"])
+def test_a_snapshot_keeps_its_values_when_training_goes_on_before_it_is_made_flat(jit_compile, then):
+    """A logged batch's state (and the training state kept before validation) is kept as eager tensors until its
+    collective: later steps, compiled with XLA or not, and validation's reset must not change them (resource
+    variables copy on write), in both Keras flavours' variables."""
+    model = trained(["mae", keras.metrics.AUC(name="auc")], jit_compile=jit_compile)
     state = metric_state.capture(model, prefix="")
     assert not isinstance(state._values, np.ndarray)  # not made flat yet
     want = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
     x = np.arange(16, dtype="float32").reshape(8, 2) / 7
-    model.train_on_batch(x, x[:, :1] + 1)  # the metrics move on (compiled updates of the same variables)
+    if then == "trains":
+        model.train_on_batch(x, x[:, :1] + 1)  # the metrics move on (compiled updates of the same variables)
+    else:
+        model.evaluate(x[:4], x[:4, :1] + 1, verbose=0)  # reset, then updated with other samples
     now = metric_state.capture(model, prefix="").values
     assert now.tolist() != want.tolist()
     assert state.values.tolist() == want.tolist()  # the snapshot did not move with them
     assert state.samples == 8
+
+
+def test_a_snapshot_that_cannot_be_copied_out_sends_nan_of_its_size_instead_of_raising(caplog):
+    """Made flat on the way into a collective: raising there would be this rank alone, so NaN of the same size."""
+
+    class LateDeviceError:
+        shape = (2, 3)
+
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("device lost")
+
+    state = metric_state.MetricState("", [np.ones(4), LateDeviceError()], None, lambda summed: {})
+    assert state.values.shape == (10,) and np.isnan(state.values).all()
+    assert "device lost" in caplog.text
 
 
 class FailsOverALimit(RunningMax):
