@@ -12,5 +12,6 @@ MLflow calls on every rank: rank 0's pass, the others get MLflow's entities with
 
 Never calls a Horovod collective and decides none: imports only :mod:`hvd_mlflow.common` and the top's
 leaves (``config``, ``errors``, ``_log``, ``_version``), never :mod:`hvd_mlflow.every_rank` nor
-:mod:`hvd_mlflow.rank_zero`. A failure here reaches the training thread only as a state the guard reads (:mod:`hvd_mlflow.rank_zero.guard`).
+:mod:`hvd_mlflow.rank_zero`. A failure here reaches the training thread only as a state the guard reads
+(:mod:`hvd_mlflow.rank_zero.guard`).
 """
