@@ -91,7 +91,7 @@ _FILE_JOURNAL = getattr(journal, "FileJournal", None) or journal.Journal  # (old
 INJECTIONS: dict[str, tuple[object, str, Callable[[Callable[..., object]], Callable[..., object]]]] = {
     "journal create": (_FILE_JOURNAL, "create",
                        lambda o: _raises(sqlite3.OperationalError("injected: disk I/O error"))),
-    "journal append": (_FILE_JOURNAL, "append",
+    "journal append": (_FILE_JOURNAL, "append_many",  # every append goes through it
                        lambda o: _after_calls(o, 3, sqlite3.OperationalError("injected: database or disk is full"))),
     "params": (run_params, "training_params", lambda o: _raises(RuntimeError("injected: params"))),
     "learning rate": (run_params, "current_learning_rate", lambda o: _raises(ValueError("injected: lr schedule"))),

@@ -21,12 +21,12 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .finding import companions
-from .records import DELIVERED, PENDING, REJECTED, SUFFIX, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, REJECTED, SUFFIX, AppendsOne, Entry, JournalMeta, NewEntry
 from .writer import WriterLock, writer_pid_alive, writer_state
 
 _SCHEMA = """
@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS rejections (seq INTEGER PRIMARY KEY, reason TEXT NOT 
 """
 
 
-class FileJournal:
+class FileJournal(AppendsOne):
     """One training's journal file. One connection, used from any thread; :class:`~.live.LiveJournal` serialises."""
 
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
@@ -130,18 +130,6 @@ class FileJournal:
         return meta
 
     # -- entries ---------------------------------------------------------------------------------------
-    def append(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        step: int | None = None,
-        timestamp_ms: int | None = None,
-        durable: bool = True,
-    ) -> int:
-        """Commit one entry and return its sequence number; ``durable``: synced before it returns (else at the
-        next durable commit: a process that dies keeps it, a machine that loses power may not)."""
-        return self.append_many([(kind, payload, step, timestamp_ms)], durable=durable)
-
     def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
         """Commit several entries in one transaction (one fsync when ``durable``, none otherwise: SQLite's WAL is
         then synced by the next durable commit); the last one's sequence number (0: none)."""

@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..._log import logger
 from .file import FileJournal
 from .memory import MEMORY_MAX_POINTS, MemoryJournal
-from .records import DELIVERED, PENDING, STORAGE_ERRORS, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, STORAGE_ERRORS, AppendsOne, Entry, JournalMeta, NewEntry
 
 WRITE_BACK_TIMEOUT_S = 2.0  # at release, how long writing back what memory did may wait for the file
 
 
-class LiveJournal:
+class LiveJournal(AppendsOne):
     """Rank 0's journal while it trains, shared by the training thread and the sender thread.
 
     It starts on a :class:`FileJournal` (or in memory when none could be created) and serialises every call.
@@ -120,18 +120,6 @@ class LiveJournal:
         meta = self._call("update_meta", **changes)
         self._last_meta = meta
         return meta
-
-    def append(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        step: int | None = None,
-        timestamp_ms: int | None = None,
-        durable: bool = True,
-    ) -> int:
-        seq = self._call("append", kind, payload, step=step, timestamp_ms=timestamp_ms, durable=durable)
-        self._last_seq = max(self._last_seq, seq)
-        return seq
 
     def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
         """Several entries in one transaction (all or none of them, before a fall-back to memory retries them)."""

@@ -12,18 +12,18 @@ import collections
 import dataclasses
 import itertools
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .file import FileJournal
-from .records import DELIVERED, PENDING, REJECTED, STORAGE_ERRORS, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, REJECTED, STORAGE_ERRORS, AppendsOne, Entry, JournalMeta, NewEntry
 
 # A journal kept in memory holds at most this many unsent metric values (about 100 bytes each); past it the
 # oldest unsent epochs are dropped, and counted.
 MEMORY_MAX_POINTS = 200_000
 
 
-class MemoryJournal:
+class MemoryJournal(AppendsOne):
     """A journal in this process's memory: thread-safe, bounded to :data:`MEMORY_MAX_POINTS` unsent values."""
 
     def __init__(self, meta: JournalMeta, max_points: int = MEMORY_MAX_POINTS) -> None:
@@ -63,22 +63,11 @@ class MemoryJournal:
             self._meta = dataclasses.replace(self._meta, **changes)
             return self._meta
 
-    def append(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        step: int | None = None,
-        timestamp_ms: int | None = None,
-        durable: bool = True,
-    ) -> int:
-        with self._lock:
-            return self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
-
     def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
         seq = 0
         with self._lock:
             for kind, payload, step, timestamp_ms in entries:
-                seq = self.append(kind, payload, step=step, timestamp_ms=timestamp_ms)
+                seq = self._add(Entry(self._next, kind, step, timestamp_ms, dict(payload)))
         return seq
 
     def _add(self, entry: Entry) -> int:

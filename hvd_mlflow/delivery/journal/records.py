@@ -112,6 +112,22 @@ class JournalMeta:
         return cls(**values)
 
 
+class AppendsOne:
+    """``append`` as a one-entry ``append_many``, for every journal: each implements the transaction once."""
+
+    def append(
+        self,
+        kind: str,
+        payload: Mapping[str, Any],
+        step: int | None = None,
+        timestamp_ms: int | None = None,
+        durable: bool = True,
+    ) -> int:
+        """Commit one entry and return its sequence number; ``durable``: synced before it returns (else at the
+        next durable commit: a process that dies keeps it, a machine that loses power may not)."""
+        return self.append_many([(kind, payload, step, timestamp_ms)], durable=durable)  # type: ignore[attr-defined]
+
+
 class Journal(Protocol):
     """What the uploader needs of a journal (file or memory)."""
 
