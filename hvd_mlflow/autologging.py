@@ -171,7 +171,7 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
             if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
                 callback._after_reset()
             else:
-                callback._end_fit("FAILED")
+                callback._end_fit("FAILED", error)
             raise
         finally:
             callback._end_fit("FINISHED")

@@ -285,6 +285,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if self._logging:
             with self._rank0.step("journaling the epoch", essential=True):  # one synced transaction
                 self._run_logger.log_metrics_many([*batch_points, (self._step, timestamp_ms, logged)])
+                self._run_logger.sender.begin()  # Keras' tracing is over: MLflow's import and the run may start
             if self._csv_logger is not None:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)
@@ -293,14 +294,15 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._end_fit("FINISHED")
 
     # -- the end of a fit (also called by autolog when fit raises) -------------------------------------
-    def _end_fit(self, status: str) -> None:
-        """Log the model, deliver and close, all within ``flush_timeout`` in total; safe to call twice."""
+    def _end_fit(self, status: str, error: BaseException | None = None) -> None:
+        """Log the model, deliver and close, all within ``flush_timeout`` in total; safe to call twice. ``error``:
+        what ``fit`` raised (said on rank 0 before the last delivery, which a launcher may cut short)."""
         if self._finished:
             return
         self._finished = True
         self._stop_sampler()
         if self._logging:
-            self._finish_logging(status)  # each of its parts inside the rank-0 guard
+            self._finish_logging(status, error)  # each of its parts inside the rank-0 guard
 
     def _after_reset(self) -> None:
         """``fit`` was cut by an elastic reset and will run again: stop sending at once, leave the run open."""

@@ -1,9 +1,15 @@
 """Rank 0's background delivery: the training thread journals, a daemon thread uploads.
 
 The training thread only commits entries to the journal and wakes the sender (:meth:`Sender.notify`); it
-never waits on the network. The sender thread uploads with :class:`~hvd_mlflow.delivery.uploader.Uploader`. After a
-failed upload it backs off (1, 2, 4 ... up to 60 s); after three failures in a row the circuit opens: a
-warning says so, and the server is only probed every ``max_backoff`` seconds while the journal keeps
+never waits on the network. The thread starts at train begin but holds MLflow's import and its first request
+until the first epoch has ended (:meth:`Sender.begin`) or :data:`START_AFTER_S` have passed: in the first epoch
+the training thread traces Keras' functions in Python, and an import beside it (about a second of Python, holding
+the GIL) would take about half of that thread's time, on the first epoch's critical path; once the functions are
+traced the training thread mostly waits in TensorFlow with the GIL released.
+
+The sender thread uploads with :class:`~hvd_mlflow.delivery.uploader.Uploader`. After a failed upload it backs off
+(1, 2, 4 ... up to 60 s); after three failures in a row the circuit opens: a warning says so, and the server is
+only probed every ``max_backoff`` seconds while the journal keeps
 everything. The first upload that works closes the circuit and drains the backlog in large requests.
 
 The thread always ends: :meth:`Sender.close` records the training's outcome and waits until a deadline (only a
@@ -34,6 +40,9 @@ MIN_SEND_INTERVAL_S = 0.5
 # its request has been waiting this long. Then the end of ``fit`` waits only DOWN_GRACE_S more.
 UNANSWERED_S = 6.0
 DOWN_GRACE_S = 3.0
+# The longest the sender holds MLflow's import and the run back when the first epoch is long: a run the sender
+# creates is visible in the UI by then, and Keras' tracing, at the epoch's start, is over.
+START_AFTER_S = 10.0
 
 
 class Backoff:
@@ -95,6 +104,7 @@ class Sender:
         self._closing = False
         self._stopping = False
         self._run_opened = threading.Event()
+        self._begun = threading.Event()  # the first epoch is over (or the fit is): MLflow's import may start
         self._last_send = 0.0
         self._answered = False  # the server answered at least one request of this sender
         self._request_since: float | None = None  # when the upload in flight began
@@ -108,6 +118,10 @@ class Sender:
         if self._thread.ident is None:
             self._thread.start()
 
+    def begin(self) -> None:
+        """Let the thread import MLflow and open the run now (the first epoch is over, or the run is needed)."""
+        self._begun.set()
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -119,6 +133,7 @@ class Sender:
             self._cond.notify()
 
     def wait_for_run(self, timeout: float) -> str | None:
+        self._begun.set()  # the run is needed now
         self._run_opened.wait(max(0.0, timeout))
         return self.run_id
 
@@ -144,6 +159,7 @@ class Sender:
                 self._closing = True
                 self._backoff.retry_at = 0.0  # one attempt now, whatever the backoff said
                 self._cond.notify()
+            self._begun.set()
         down_since: float | None = None
         while self._thread.is_alive():
             now = time.monotonic()
@@ -165,6 +181,7 @@ class Sender:
         with self._cond:
             self._stopping = True
             self._cond.notify()
+        self._begun.set()
         if self._thread.is_alive():
             self._thread.join(wait)
         if not self._thread.is_alive():  # ended (or never started): nothing else will release the journal
@@ -200,6 +217,9 @@ class Sender:
     # -- sender thread ---------------------------------------------------------------------------------
     def _loop(self) -> None:
         try:
+            self._begun.wait(START_AFTER_S)
+            if self._stopping:
+                return
             from mlflow import MlflowClient
 
             if self._context_tags is not None and self.run_id is None:

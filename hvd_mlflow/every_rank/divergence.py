@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from .tracing import CallCount
+
 TOLERANCE = 1e-5  # relative spread of the fingerprints; identical weights give 0 (float32 sums: ~1e-7 at most)
 CARRIED = ("fp_abs", "fp_abs_sq", "fp_sq", "fp_sq_sq")  # what each rank adds to the epoch collective
 TAG = "hvd_mlflow.diverged_at_epoch"
@@ -31,26 +33,40 @@ _FUNCTIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def fingerprint(model: Any) -> tuple[float, float]:
-    """The sum of absolute values and the sum of squares of the trainable weights (one call of a function traced
-    once, one transfer)."""
+    """The sum of absolute values and the sum of squares of the trainable weights (eager at first, then one call of
+    a function traced once, one transfer)."""
     import tensorflow as tf
 
     variables = list(getattr(model, "trainable_variables", []) or [])
     if not variables:
         return 0.0, 0.0
+
+    def compute() -> Any:
+        sums = [tf.reduce_sum(tf.abs(tf.cast(v, tf.float32))) for v in variables]
+        squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
+        return tf.stack([tf.add_n(sums), tf.add_n(squares)])
+
     function = _FUNCTIONS.get(model)
-    if function is None or function[0] != [id(v) for v in variables]:
-
-        def compute() -> Any:
-            sums = [tf.reduce_sum(tf.abs(tf.cast(v, tf.float32))) for v in variables]
-            squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
-            return tf.stack([tf.add_n(sums), tf.add_n(squares)])
-
-        concrete = tf.function(compute, autograph=False).get_concrete_function()
-        function = ([id(v) for v in variables], concrete, variables)  # holding the variables keeps their ids theirs
+    if function is None or function.ids != [id(v) for v in variables]:
+        function = _Fingerprint([id(v) for v in variables], variables)
         _FUNCTIONS[model] = function
-    total, squares = np.asarray(function[1](), dtype=np.float64)
+    if not function.calls.trace_now():  # eager until tracing pays (tracing.py): no trace at the first epoch end
+        total, squares = np.asarray(compute(), dtype=np.float64)
+        return float(total), float(squares)
+    if function.concrete is None:
+        function.concrete = tf.function(compute, autograph=False).get_concrete_function()
+    total, squares = np.asarray(function.concrete(), dtype=np.float64)
     return float(total), float(squares)
+
+
+class _Fingerprint:
+    """One model's fingerprint function: its variables' ids (holding the variables keeps the ids theirs), its calls,
+    and its compiled form once traced."""
+
+    def __init__(self, ids: list[int], variables: list[Any]) -> None:
+        self.ids, self.variables = ids, variables
+        self.calls = CallCount()
+        self.concrete: Any = None
 
 
 def carry(model: Any) -> dict[str, float]:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._log import warn_once
+from .tracing import CallCount
 
 
 class MetricState:
@@ -193,6 +194,9 @@ def _computer(model: Any, variables: list[Any]) -> _Computer:
     return found
 
 
+EAGER_UP_TO_STATES = 2  # an epoch's training and validation state: more (logged batches) are compiled at once
+
+
 class _Computer:
     """The metric state read eagerly, its results in one compiled TensorFlow call.
 
@@ -203,7 +207,9 @@ class _Computer:
     call: no eager assign per variable, ``result()`` per metric or restore per variable (about 6 ms per state on a
     model with an AUC, on these CPUs, against well under 1 ms). The calls go to concrete functions traced once
     (per number of states), which skips TensorFlow's per-call signature matching. If it cannot be compiled (a
-    metric whose code TensorFlow cannot trace), the same steps run eagerly.
+    metric whose code TensorFlow cannot trace), the same steps run eagerly. Calls of up to
+    :data:`EAGER_UP_TO_STATES` states run eagerly until tracing pays (:mod:`hvd_mlflow.every_rank.tracing`): no
+    trace at the first epoch's end.
     """
 
     def __init__(self, model: Any, variables: list[Any]) -> None:
@@ -213,6 +219,7 @@ class _Computer:
         self._layout = [(tuple(v.shape), _dtype_name(v)) for v in variables]
         self._count_at = _loss_count_offset(model, self.variables)
         self._compiled: dict[int, Any] = {}  # number of states -> concrete function
+        self._calls: dict[int, CallCount] = {}  # number of states -> its calls (eager until tracing pays: tracing.py)
         self._reader: Any = None
         self._eager = False
         self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
@@ -256,14 +263,18 @@ class _Computer:
 
     def many(self, summed: list[np.ndarray]) -> list[dict[str, float]]:
         """The results of each summed state (unprefixed), the variables left as they were."""
-        if not self._eager:
+        count = len(summed)
+        compiled = count > EAGER_UP_TO_STATES or self._calls.setdefault(count, CallCount()).trace_now()
+        if compiled and not self._eager:
             try:
                 return self._run_compiled(summed)
             except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
                 self._eager = True
-        # the compiled call may have failed after putting the summed state in: restore the state as last read (the
-        # state the variables held when the call began: a call always follows a read, with no step in between)
-        saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
+            # it may have failed after putting the summed state in: restore the state as last read (the state the
+            # variables held when the call began: a call always follows a read, with no step in between)
+            saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
+        else:
+            saved = self._read_eagerly()  # the variables hold this rank's own state: put it back after each result
         return [self._run_eagerly(state, saved) for state in summed]
 
     def _read_eagerly(self) -> np.ndarray:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .._log import logger, warn_once
+from ..common.redact import redact
 from ..delivery import destination, journal
 from ..every_rank import keras_flavour, metric_state, run_params
 from . import model_logging
@@ -52,12 +53,22 @@ class RankZeroSteps:
             with self._rank0.step("recording which values are not exact"):
                 self._record_inexact()
 
-    def _finish_logging(self, status: str) -> None:
+    def _finish_logging(self, status: str, error: BaseException | None = None) -> None:
         """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
         deadline = time.monotonic() + self.options.flush_timeout
         run_logger = self._run_logger
         with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
             run_logger.record_outcome(status)
+        if error is not None:  # its traceback comes after the delivery, which mpirun may cut when another rank exits
+            with self._rank0.step("saying what fit raised"):
+                logger.error(
+                    "hvd-mlflow: fit raised %s: %s; delivering the journal (at most %.0f s) before it goes on (if this "
+                    "process is stopped first:  hvd-mlflow sync %s)",
+                    type(error).__name__,
+                    redact(str(error))[:1000],
+                    self.options.flush_timeout,
+                    run_logger.journal.location,
+                )
         if status == "FINISHED":
             with self._rank0.step("logging the model"):
                 if self._logs_models():  # the model gets the budget but a part kept for the last epochs

@@ -20,6 +20,7 @@ def test_nan_inf_are_kept_and_overlong_params_truncated_with_a_warning(tmp_path,
     run_id = client.create_run(client.create_experiment(f"values-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(mlflow_server.url, run_id, None, None, False), tmp_path / "journal")
     run_logger.start()
+    run_logger.sender.begin()
     run_logger.log_params({"long": "x" * 7000, "short": "ok"})
     run_logger.log_metrics(0, {"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "acc": 0.5})
     assert run_logger.close("FINISHED", deadline=time.monotonic() + 30)

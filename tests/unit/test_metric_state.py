@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvd_mlflow.every_rank import metric_state
+from hvd_mlflow.every_rank import divergence, metric_state, tracing
 
 keras = tf.keras
 
@@ -141,7 +141,8 @@ class FailsOverALimit(RunningMax):
             return tf.identity(self.value)
 
 
-def test_a_computation_that_fails_midway_leaves_the_own_state_in_place():
+def test_a_computation_that_fails_midway_leaves_the_own_state_in_place(monkeypatch):
+    monkeypatch.setattr(tracing, "TRACE_AFTER_CALLS", 0)  # compiled from the first call
     model = trained(["mae", FailsOverALimit(name="checked")])
     own = metric_state.capture(model, prefix="")
     summed = own.values + 1000.0  # the compiled call puts it in, then result() fails
@@ -149,3 +150,27 @@ def test_a_computation_that_fails_midway_leaves_the_own_state_in_place():
         own.compute(summed)  # fails compiled, then eagerly: raised alike on every rank (same model)
     after = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
     assert after.tolist() == own.values.tolist()  # the rank's own state, not the summed one
+
+
+def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_tracing_pays_then_compiled_with_the_same_values():
+    """No trace at the first epoch end (a short job's first epoch pays it in full): the first TRACE_AFTER_CALLS
+    calls run eagerly, the next traces; the values do not change at the switch, so every rank, switching at the
+    same call, writes the same values back into the logs."""
+    model = trained(["mae", keras.metrics.AUC(name="auc")])
+    state = metric_state.capture(model, prefix="")
+    computer = metric_state._computer(model, metric_state._variables(model))
+    train, val = state.values * 3 + 1, state.values * 2
+    first = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val])
+    fingerprint = divergence.fingerprint(model)
+    for _ in range(tracing.TRACE_AFTER_CALLS - 1):
+        computer.many([train, val])
+        divergence.fingerprint(model)
+    assert computer._compiled == {} and divergence._FUNCTIONS[model].concrete is None  # eager so far
+    again = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val])
+    assert sorted(computer._compiled) == [2] and not computer._eager  # traced at call TRACE_AFTER_CALLS + 1
+    assert divergence.fingerprint(model) == fingerprint and divergence._FUNCTIONS[model].concrete is not None
+    assert again == first and first[0]["auc"] != first[1]["val_auc"]
+    assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
+    many = [state.values + i for i in range(3)]  # logged batches' states: compiled at once, as many calls as that
+    assert [r["mae"] for r in computer.many(many)] == [computer._run_eagerly(v, state.values)["mae"] for v in many]
+    assert sorted(computer._compiled) == [2, 3]

@@ -71,6 +71,7 @@ def test_after_the_deadline_it_stops_and_sends_nothing_more(tmp_path, fake):
     sender = make_sender(tmp_path)
     fake.blocked.set()  # the server holds the request (MLflow's own retries, a slow server)
     sender.start()
+    sender.begin()
     sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
     sender.notify()
     while not fake.calls:
@@ -93,6 +94,7 @@ def test_a_server_that_never_answered_costs_the_end_of_fit_a_few_seconds(tmp_pat
     sender = make_sender(tmp_path)
     fake.blocked.set()
     sender.start()
+    sender.begin()
     sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
     sender.notify()
     time.sleep(0.7)  # the first request has waited longer than UNANSWERED_S: the server is known down
@@ -101,6 +103,50 @@ def test_a_server_that_never_answered_costs_the_end_of_fit_a_few_seconds(tmp_pat
     assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
     assert time.monotonic() - start < 1.5  # not the 60 s of flush_timeout
     fake.release.set()
+
+
+def test_nothing_is_imported_or_sent_before_the_first_epoch_ends_then_at_once(tmp_path, fake, monkeypatch):
+    """The thread holds MLflow's import and its first request until begin() (the callback's first epoch commit):
+    they would take half the training thread's time while Keras traces its functions in the first epoch."""
+    begun = []
+    original = sender_module.mlflow_calls.internal
+    monkeypatch.setattr(sender_module.mlflow_calls, "internal", lambda: begun.append(1) or original())
+    sender = make_sender(tmp_path)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)  # run tags, a batch flush
+    sender.notify()
+    time.sleep(0.5)
+    assert fake.calls == [] and begun == []  # woken, but held
+    sender.begin()
+    for _ in range(100):
+        if fake.calls:
+            break
+        time.sleep(0.02)
+    assert fake.calls == ["log_batch"] and begun == [1]
+    assert sender.close("FINISHED", deadline=time.monotonic() + 10) is True
+
+
+def test_a_long_first_epoch_holds_the_sender_only_start_after_s(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(sender_module, "START_AFTER_S", 0.3)
+    sender = make_sender(tmp_path)
+    start = time.monotonic()
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    while not fake.calls and time.monotonic() - start < 5:
+        time.sleep(0.02)
+    assert fake.calls == ["log_batch"] and 0.3 <= time.monotonic() - start < 2.0  # no begin(): the timer
+    assert sender.close("FINISHED", deadline=time.monotonic() + 10) is True
+
+
+def test_a_fit_that_ends_before_its_first_epoch_does_delivers(tmp_path, fake):
+    sender = make_sender(tmp_path)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    start = time.monotonic()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 10) is True  # close() lets it begin
+    assert fake.calls == ["log_batch"] and time.monotonic() - start < 2.0
 
 
 def test_a_sender_that_never_started_releases_its_journal(tmp_path, fake):
@@ -118,6 +164,7 @@ def test_short_epochs_are_packed_one_request_per_send_interval(tmp_path, fake):
     fake.delay = 0.05
     sender = make_sender(tmp_path)
     sender.start()
+    sender.begin()
     start = time.monotonic()
     step = 0
     while time.monotonic() - start < 2.0:
