@@ -25,6 +25,7 @@ def main() -> None:
     dest = Destination(dead_uri, run_id, None, None, job_mode=False)
     run_logger = RunLogger(dest, journal_dir)
     run_logger.start()  # its sender keeps trying the dead server meanwhile, as in a real outage
+    run_logger.sender.begin()  # as the callback after the first epoch's commit
     samples = []
     values = {f"m{i:03d}": 0.0 for i in range(metrics)}
     start = time.perf_counter()

@@ -40,7 +40,7 @@ from ._log import set_silent
 from .common import dependencies, topology
 from .config import Options
 from .delivery import destination
-from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, shards
+from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, shards, tracing
 from .every_rank.aggregate import Part, Reduced, Reducer, numeric_entries, write_back
 from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
 from .every_rank.epoch_exchange import EpochExchange
@@ -169,6 +169,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
         self._begin_fit_state()
+        tracing.new_fit()  # eager or compiled: from this fit's calls, alike on every rank (joiners under elastic too)
         first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:
             first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard

@@ -50,7 +50,7 @@ def fingerprint(model: Any) -> tuple[float, float]:
     if function is None or function.ids != [id(v) for v in variables]:
         function = _Fingerprint([id(v) for v in variables], variables)
         _FUNCTIONS[model] = function
-    if not function.calls.trace_now():  # eager until tracing pays (tracing.py): no trace at the first epoch end
+    if not function.calls.trace_now():  # eager until tracing pays (tracing.py): no trace at the first epoch's end
         total, squares = np.asarray(compute(), dtype=np.float64)
         return float(total), float(squares)
     if function.concrete is None:

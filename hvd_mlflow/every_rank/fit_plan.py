@@ -10,9 +10,10 @@ ranks' options differ, or whether any rank's training or validation shard is emp
 so (never a hang, never one rank alone). The batch clock follows from the agreed plan and the compile arguments,
 which every rank has alike.
 
-A run rank 0's sender creates is not waited for at train begin (the first epoch trains while MLflow is imported and
-the run is made): its id rides in the epoch collectives, as numbers (:func:`run_id_carry`), until every rank has
-it (:func:`run_id_from_carried`); whether it rides is itself agreed, so every rank carries the same keys.
+A run rank 0's sender creates is not waited for at train begin (MLflow is imported and the run made once the first
+epoch has ended: :mod:`hvd_mlflow.delivery.sender`): its id rides in the epoch collectives, as numbers
+(:func:`run_id_carry`), until every rank has it (:func:`run_id_from_carried`); whether it rides is itself agreed,
+so every rank carries the same keys.
 """
 
 from __future__ import annotations

@@ -198,7 +198,7 @@ EAGER_UP_TO_STATES = 2  # an epoch's training and validation state: more (logged
 
 
 class _Computer:
-    """The metric state read eagerly, its results in one compiled TensorFlow call.
+    """The metric state read eagerly, its results eagerly at first, then in one compiled TensorFlow call.
 
     :meth:`snapshot` reads every metric variable with one eager read op each; where they are not resource
     variables, :meth:`read` returns them as one flat float64 vector (one compiled call, one device-to-host
@@ -208,8 +208,10 @@ class _Computer:
     model with an AUC, on these CPUs, against well under 1 ms). The calls go to concrete functions traced once
     (per number of states), which skips TensorFlow's per-call signature matching. If it cannot be compiled (a
     metric whose code TensorFlow cannot trace), the same steps run eagerly. Calls of up to
-    :data:`EAGER_UP_TO_STATES` states run eagerly until tracing pays (:mod:`hvd_mlflow.every_rank.tracing`): no
-    trace at the first epoch's end.
+    :data:`EAGER_UP_TO_STATES` states (an epoch's) run eagerly until tracing pays
+    (:mod:`hvd_mlflow.every_rank.tracing`): no trace at the first epoch's end. Calls of more states (logged batches,
+    with ``log_every_n_steps``) are compiled from the first (eagerly each state would cost its 2-10 ms), traced once
+    per number of states.
     """
 
     def __init__(self, model: Any, variables: list[Any]) -> None:
@@ -270,11 +272,9 @@ class _Computer:
                 return self._run_compiled(summed)
             except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
                 self._eager = True
-            # it may have failed after putting the summed state in: restore the state as last read (the state the
-            # variables held when the call began: a call always follows a read, with no step in between)
-            saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
-        else:
-            saved = self._read_eagerly()  # the variables hold this rank's own state: put it back after each result
+        # restore the state as last read (the state the variables hold now, and held when a compiled call that failed
+        # began, perhaps after putting the summed state in: a call always follows a read, with no step in between)
+        saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
         return [self._run_eagerly(state, saved) for state in summed]
 
     def _read_eagerly(self) -> np.ndarray:

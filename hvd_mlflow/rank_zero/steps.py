@@ -121,7 +121,7 @@ class RankZeroSteps:
 
     def _start_logging(self) -> None:
         """Open rank 0's journal and start the sender, which creates the run if there is none (under elastic,
-        within ``run_wait``, so that every rank learns its id before a reset; else while the first epoch trains)."""
+        within ``run_wait``, so that every rank learns its id before a reset; else once the first epoch has ended)."""
         link = self._elastic.link if self._elastic else None
         dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
         tags = run_params.run_tags(
@@ -145,7 +145,7 @@ class RankZeroSteps:
         self.run_id = dest.run_id
         if dest.run_id is not None:
             return
-        with self._rank0.step("starting the sender"):  # it creates the run while the first epoch trains
+        with self._rank0.step("starting the sender"):  # it creates the run once the first epoch has ended
             self._run_logger.start()
         if link is None:  # its id rides in the epoch collectives (fit_plan.run_id_carry): nothing waits for it
             return

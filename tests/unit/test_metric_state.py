@@ -174,3 +174,14 @@ def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_tracing_pays_th
     many = [state.values + i for i in range(3)]  # logged batches' states: compiled at once, as many calls as that
     assert [r["mae"] for r in computer.many(many)] == [computer._run_eagerly(v, state.values)["mae"] for v in many]
     assert sorted(computer._compiled) == [2, 3]
+
+
+def test_every_fit_counts_its_calls_again_so_a_process_that_joins_under_elastic_switches_with_the_others():
+    """Survivors of an elastic reset and a process that joins then make the same calls from the new fit on: the
+    switch from eager to compiled must come at the same call on all of them (train begin calls new_fit on each)."""
+    survivor = tracing.CallCount()
+    assert [survivor.trace_now() for _ in range(tracing.TRACE_AFTER_CALLS + 1)][-2:] == [False, True]
+    tracing.new_fit()  # the fit after the reset, on every rank
+    joined = tracing.CallCount()  # made by the new process in that fit
+    calls = tracing.TRACE_AFTER_CALLS + 2
+    assert [survivor.trace_now() for _ in range(calls)] == [joined.trace_now() for _ in range(calls)]
