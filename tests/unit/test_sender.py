@@ -48,6 +48,15 @@ def make_sender(tmp_path) -> Sender:
     return Sender(LiveJournal(FileJournal.create(tmp_path, meta)), "http://fake", MLFLOW)
 
 
+def started_with_one_point(tmp_path) -> Sender:
+    """A started sender woken for one journaled point (not begun: as at train begin, before the first epoch ends)."""
+    sender = make_sender(tmp_path)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    return sender
+
+
 def test_backoff_grows_and_opens_the_circuit():
     backoff = Backoff(first=1, maximum=8)
     assert [backoff.failed() for _ in range(5)] == [1, 2, 4, 8, 8]
@@ -57,10 +66,7 @@ def test_backoff_grows_and_opens_the_circuit():
 
 def test_closed_without_a_status_the_thread_ends_and_does_not_spin(tmp_path, fake):
     """An elastic reset closes a sender with no outcome (the run goes on): it delivers, then ends."""
-    sender = make_sender(tmp_path)
-    sender.start()
-    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
-    sender.notify()
+    sender = started_with_one_point(tmp_path)
     cpu = time.thread_time()
     assert sender.close(None, deadline=time.monotonic() + 10) is True
     assert not sender.alive and fake.calls == ["log_batch"]
@@ -111,10 +117,7 @@ def test_nothing_is_imported_or_sent_before_the_first_epoch_ends_then_at_once(tm
     begun = []
     original = sender_module.mlflow_calls.internal
     monkeypatch.setattr(sender_module.mlflow_calls, "internal", lambda: begun.append(1) or original())
-    sender = make_sender(tmp_path)
-    sender.start()
-    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)  # run tags, a batch flush
-    sender.notify()
+    sender = started_with_one_point(tmp_path)  # woken by the run's tags or a batch flush before the epoch ends
     time.sleep(0.5)
     assert fake.calls == [] and begun == []  # woken, but held
     sender.begin()
@@ -128,11 +131,8 @@ def test_nothing_is_imported_or_sent_before_the_first_epoch_ends_then_at_once(tm
 
 def test_a_long_first_epoch_holds_the_sender_only_start_after_s(tmp_path, fake, monkeypatch):
     monkeypatch.setattr(sender_module, "START_AFTER_S", 0.3)
-    sender = make_sender(tmp_path)
     start = time.monotonic()
-    sender.start()
-    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
-    sender.notify()
+    sender = started_with_one_point(tmp_path)
     while not fake.calls and time.monotonic() - start < 5:
         time.sleep(0.02)
     assert fake.calls == ["log_batch"] and 0.3 <= time.monotonic() - start < 2.0  # no begin(): the timer
@@ -140,10 +140,7 @@ def test_a_long_first_epoch_holds_the_sender_only_start_after_s(tmp_path, fake, 
 
 
 def test_a_fit_that_ends_before_its_first_epoch_does_delivers(tmp_path, fake):
-    sender = make_sender(tmp_path)
-    sender.start()
-    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
-    sender.notify()
+    sender = started_with_one_point(tmp_path)
     start = time.monotonic()
     assert sender.close("FINISHED", deadline=time.monotonic() + 10) is True  # close() lets it begin
     assert fake.calls == ["log_batch"] and time.monotonic() - start < 2.0
