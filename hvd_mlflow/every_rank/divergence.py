@@ -48,14 +48,12 @@ def fingerprint(model: Any) -> tuple[float, float]:
 
     function = _FUNCTIONS.get(model)
     if function is None or function.ids != [id(v) for v in variables]:
-        function = _Fingerprint([id(v) for v in variables], variables)
+        function = _Fingerprint(variables)
         _FUNCTIONS[model] = function
-    if not function.calls.trace_now():  # eager until tracing pays (tracing.py): no trace at the first epoch's end
-        total, squares = np.asarray(compute(), dtype=np.float64)
-        return float(total), float(squares)
-    if function.concrete is None:
+    compiled = function.calls.trace_now()  # eager until tracing pays (tracing.py): no trace at the first epoch's end
+    if compiled and function.concrete is None:
         function.concrete = tf.function(compute, autograph=False).get_concrete_function()
-    total, squares = np.asarray(function.concrete(), dtype=np.float64)
+    total, squares = np.asarray(function.concrete() if compiled else compute(), dtype=np.float64)
     return float(total), float(squares)
 
 
@@ -63,8 +61,9 @@ class _Fingerprint:
     """One model's fingerprint function: its variables' ids (holding the variables keeps the ids theirs), its calls,
     and its compiled form once traced."""
 
-    def __init__(self, ids: list[int], variables: list[Any]) -> None:
-        self.ids, self.variables = ids, variables
+    def __init__(self, variables: list[Any]) -> None:
+        self.variables = variables
+        self.ids = [id(v) for v in variables]
         self.calls = CallCount()
         self.concrete: Any = None
 
