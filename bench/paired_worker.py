@@ -21,8 +21,11 @@ collective's own time in it (``collective_last_rank_ms``). The floors the parts 
 the same job, at the same point of the epochs of one more no-logging fit that is not timed (``floors_ms``):
 Horovod's smallest collective (one 16-value allreduce, at the last rank to arrive), one compiled TensorFlow call
 with its device-to-host transfer, one small write with its fsync next to the journal; and the CPU time of one
-``MlflowClient.log_batch`` of the epoch's metrics, on rank 0. Each rank runs TensorFlow on ``--threads`` threads
-(1 by default: one rank per core, as Horovod advises on CPUs).
+``MlflowClient.log_batch`` of the epoch's metrics, on rank 0. ``outside_collective_ms``: the median, over epochs, of
+rank 0's epoch end without its collective (what hvd-mlflow's own code costs the training thread, without the wait for
+the other rank, which the ranks' skew decides), the first fit's epochs left out when there are several pairs (they
+hold the sender's one-off import of MLflow, about a second of CPU); ``python -m bench.run --quick`` checks it. Each
+rank runs TensorFlow on ``--threads`` threads (1 by default: one rank per core, as Horovod advises on CPUs).
 
 With ``--against`` another variant (``seed``), the other fit of each pair runs that variant instead of no
 logging: the two are then compared head to head, without the noise of two separate differences to no logging.
@@ -274,6 +277,11 @@ def main() -> None:
         profile = {part: statistics.median(v[1:]) * 1000 for part, v in PROFILE.items() if len(v) > 1}
         if len(PROFILE.get("sender_cpu_ms", [])) > 1:  # it works every few epochs on short ones: the mean
             profile["sender_cpu_ms"] = statistics.mean(PROFILE["sender_cpu_ms"][1:]) * 1000
+        if len(PROFILE.get("collective_ms", [])) > 1:  # rank 0's epoch end but its collective, epoch by epoch
+            skip = 1 + (args.epochs if args.pairs > 1 else 0)  # the first fit holds MLflow's one-off import
+            ends, collectives = PROFILE["epoch_end_total_ms"][skip:], PROFILE["collective_ms"][skip:]
+            outside = [end - within for end, within in zip(ends, collectives, strict=True)]
+            profile["outside_collective_ms"] = statistics.median(outside) * 1000
         if floored:
             last = [min(epoch) for epoch in zip(*collective, strict=True)]
             profile["collective_last_rank_ms"] = statistics.median(last) * 1000

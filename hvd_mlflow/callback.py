@@ -146,6 +146,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._epoch_start = time.perf_counter()
         self._run_agreed = True  # every rank knows the run (or never will): nothing rides for it
         self._carried_run_id: str | None = None  # rank 0: the run id it carried in the last epoch collective
+        self._traced: list[tracing.Traced] | None = None  # this rank's, once their background traces started
 
     @property
     def _logging(self) -> bool:
@@ -169,7 +170,6 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
         self._begin_fit_state()
-        tracing.new_fit()  # eager or compiled: from this fit's calls, alike on every rank (joiners under elastic too)
         first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:
             first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
@@ -290,6 +290,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             if self._csv_logger is not None:
                 with self._rank0.step("the CSV file"):
                     self._csv_logger.on_epoch_end(epoch, logs)
+        self._trace_ahead(epoch)
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
         self._end_fit("FINISHED")

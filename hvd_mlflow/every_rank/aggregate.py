@@ -36,6 +36,7 @@ from ..config import REDUCTIONS
 from ..errors import MetricKeyMismatchError
 from .collectives import Collectives
 from .metric_state import MetricState, compute_all
+from .tracing import READY_KEY, Agreement
 
 _SIGNATURE_BITS = 20
 
@@ -131,7 +132,12 @@ class Reducer:
     """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
 
     def __init__(
-        self, collectives: Collectives, mode: str = "exact", spread: Sequence[str] = (), gather: bool = False
+        self,
+        collectives: Collectives,
+        mode: str = "exact",
+        spread: Sequence[str] = (),
+        gather: bool = False,
+        agreement: Agreement | None = None,
     ) -> None:
         if mode not in REDUCTIONS:
             raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
@@ -145,6 +151,7 @@ class Reducer:
         self.carried_per_rank: dict[str, list[float]] = {}  # after reduce() in gather mode: each rank's own
         self.inexact: set[str] = set()  # after reduce() with exact: keys whose value is the weighted mean
         self.before_results: list[Reduced] = []  # after reduce(before=...): the earlier parts' results
+        self.agreement = agreement or Agreement()  # compiled results from summed states, once agreed (tracing.py)
 
     def reduce(
         self,
@@ -197,12 +204,16 @@ class Reducer:
         for pack in packed:
             slices.append((at, at + pack.vector.size))
             at += pack.vector.size
-        # exact: every part's results from its summed states, all in one compiled call (the states of one model)
+        carry = list(parts[-1].carry)
+        if READY_KEY in carry:  # from this collective on (every rank reads the same sum), compiled if all were ready
+            ready_at = slices[-1][1] - len(carry) + carry.index(READY_KEY)
+            self.agreement.learn({READY_KEY: float(total[ready_at])}, size)
+        # exact: every part's results from its summed states, all together (the states of one model)
         computed: list[dict[str, float]] = []
         if self.mode == "exact":
             states = [state for pack in packed for state in pack.states]
             summed = [x for pack, (a, _) in zip(packed, slices, strict=True) for x in _summed_states(pack, total[a:])]
-            computed = compute_all(states, summed) if states else []
+            computed = compute_all(states, summed, compiled=self.agreement.compiled) if states else []
         results, at_state = [], 0
         for part, pack, (a, b) in zip(parts, packed, slices, strict=True):
             own = computed[at_state : at_state + len(pack.states)]

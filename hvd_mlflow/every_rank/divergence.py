@@ -5,7 +5,8 @@ thinks: Horovod's ``DistributedOptimizer`` does not average gradients on Keras 3
 forgotten, a rank restored another checkpoint, initialisation is per rank. The curve then averages different
 models and looks fine.
 
-Each rank computes two numbers from its trainable weights, on the device in one compiled call with one transfer:
+Each rank computes two numbers from its trainable weights (eagerly, then in one compiled call with one transfer once
+every rank has traced it: :mod:`hvd_mlflow.every_rank.tracing`):
 the sum of their absolute values and the sum of their squares (both far from 0, so a relative spread means
 something; a plain sum of weights centred on 0 is not). They ride in the epoch collective the callback already
 makes (each rank adds the numbers and their squares), so every rank learns the spread of the fingerprints over
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .tracing import CallCount
+from .tracing import Traced
 
 TOLERANCE = 1e-5  # relative spread of the fingerprints; identical weights give 0 (float32 sums: ~1e-7 at most)
 CARRIED = ("fp_abs", "fp_abs_sq", "fp_sq", "fp_sq_sq")  # what each rank adds to the epoch collective
@@ -32,45 +33,65 @@ METRIC = "weights_rank_spread"
 _FUNCTIONS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
-def fingerprint(model: Any) -> tuple[float, float]:
-    """The sum of absolute values and the sum of squares of the trainable weights (eager at first, then one call of
-    a function traced once, one transfer)."""
-    import tensorflow as tf
+def fingerprint(model: Any, compiled: bool = False) -> tuple[float, float]:
+    """The sum of absolute values and the sum of squares of the trainable weights: eagerly, or, once every rank has
+    traced it (``compiled``, agreed: :mod:`hvd_mlflow.every_rank.tracing`), one call of a concrete function, one
+    transfer."""
+    function = _function(model)
+    if function is None:
+        return 0.0, 0.0
+    if compiled and function.traced.ready:
+        total, squares = np.asarray(function.traced.concrete(), dtype=np.float64)
+    else:
+        total, squares = np.asarray(function.compute(), dtype=np.float64)
+    return float(total), float(squares)
 
+
+def trace_in_background(model: Any) -> Traced | None:
+    """Start tracing the fingerprint's compiled form off the training thread; ``None`` for a model without weights."""
+    function = _function(model)
+    if function is None:
+        return None
+    function.traced.start()
+    return function.traced
+
+
+def _function(model: Any) -> _Fingerprint | None:
     variables = list(getattr(model, "trainable_variables", []) or [])
     if not variables:
-        return 0.0, 0.0
-
-    def compute() -> Any:
-        sums = [tf.reduce_sum(tf.abs(tf.cast(v, tf.float32))) for v in variables]
-        squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in variables]
-        return tf.stack([tf.add_n(sums), tf.add_n(squares)])
-
+        return None
     function = _FUNCTIONS.get(model)
     if function is None or function.ids != [id(v) for v in variables]:
         function = _Fingerprint(variables)
         _FUNCTIONS[model] = function
-    compiled = function.calls.trace_now()  # eager until tracing pays (tracing.py): no trace at the first epoch's end
-    if compiled and function.concrete is None:
-        function.concrete = tf.function(compute, autograph=False).get_concrete_function()
-    total, squares = np.asarray(function.concrete() if compiled else compute(), dtype=np.float64)
-    return float(total), float(squares)
+    return function
 
 
 class _Fingerprint:
-    """One model's fingerprint function: its variables' ids (holding the variables keeps the ids theirs), its calls,
-    and its compiled form once traced."""
+    """One model's fingerprint: its variables' ids (holding the variables keeps the ids theirs), the eager
+    computation, and its compiled form, traced in the background."""
 
     def __init__(self, variables: list[Any]) -> None:
         self.variables = variables
         self.ids = [id(v) for v in variables]
-        self.calls = CallCount()
-        self.concrete: Any = None
+        self.traced = Traced(self._trace)
+
+    def compute(self) -> Any:
+        import tensorflow as tf
+
+        sums = [tf.reduce_sum(tf.abs(tf.cast(v, tf.float32))) for v in self.variables]
+        squares = [tf.reduce_sum(tf.square(tf.cast(v, tf.float32))) for v in self.variables]
+        return tf.stack([tf.add_n(sums), tf.add_n(squares)])
+
+    def _trace(self) -> Any:
+        import tensorflow as tf
+
+        return tf.function(self.compute, autograph=False).get_concrete_function()
 
 
-def carry(model: Any) -> dict[str, float]:
+def carry(model: Any, compiled: bool = False) -> dict[str, float]:
     """This rank's share of the epoch collective: each fingerprint number, and its square."""
-    total, squares = fingerprint(model)
+    total, squares = fingerprint(model, compiled)
     return {"fp_abs": total, "fp_abs_sq": total * total, "fp_sq": squares, "fp_sq_sq": squares * squares}
 
 

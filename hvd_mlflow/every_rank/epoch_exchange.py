@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .._log import warn_once
-from . import divergence, fit_plan, keras_flavour, metric_state, run_params
+from . import divergence, fit_plan, keras_flavour, metric_state, run_params, tracing
 from .system_metrics import summary as system_summary
 
 
@@ -69,6 +69,19 @@ class EpochExchange:
             self.run_id = run_id
             if self._elastic is not None:
                 self._elastic.agreed_run(run_id, False)
+
+    def _trace_ahead(self, epoch: int) -> None:
+        """At the first epoch's end, on every rank: trace hvd-mlflow's per-epoch functions in the background, when
+        at least two more epochs follow (from Keras' params: alike on every rank)."""
+        epochs = (getattr(self, "params", None) or {}).get("epochs") or 0
+        if self._traced is not None or epoch + 2 >= epochs:
+            return
+        traced = []
+        if self.options.reduction == "exact":
+            traced.append(metric_state.trace_in_background(self.model, states=2 if self._validating else 1))
+        if self.options.check_divergence and self._comm.size > 1:
+            traced.append(divergence.trace_in_background(self.model))
+        self._traced = [t for t in traced if t is not None]
 
     def _ranks_health(self, epoch: int) -> dict[str, float]:
         """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
@@ -136,10 +149,11 @@ class EpochExchange:
 
     def _epoch_carry(self) -> dict[str, float]:
         """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
-        carry: dict[str, float] = {}
-        if self.options.check_divergence:  # every rank: a fingerprint of its weights (NaN if it cannot be read)
+        ready = tracing.Agreement.carry(self._traced) if self._traced is not None else {tracing.READY_KEY: 0.0}
+        carry: dict[str, float] = dict(ready)  # whether this rank's traced functions are ready (agreed: tracing.py)
+        if self.options.check_divergence and self._comm.size > 1:  # every rank: its weights' fingerprint (or NaN)
             try:
-                carry.update(divergence.carry(self.model))
+                carry.update(divergence.carry(self.model, self._reducer.agreement.compiled))
             except Exception:  # noqa: BLE001 - the collective's layout stays the same on every rank
                 carry.update(dict.fromkeys(divergence.CARRIED, math.nan))
         if self.options.system_metrics:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._log import warn_once
-from .tracing import CallCount
+from .tracing import Traced
 
 
 class MetricState:
@@ -69,14 +69,20 @@ class MetricState:
         return self._samples
 
 
-def compute_all(states: list[MetricState], summed: list[np.ndarray]) -> list[dict[str, float]]:
+def compute_all(states: list[MetricState], summed: list[np.ndarray], compiled: bool = False) -> list[dict[str, float]]:
     """Each state's results from its summed state: states read from the same metrics (an epoch's training and
-    validation) in one compiled call, others one by one."""
+    validation) together, others one by one; ``compiled``: agreed by every rank (:mod:`.tracing`)."""
     source = states[0].source if states else None
     if len(states) > 1 and source is not None and all(s.source is source for s in states):
-        results = source.many(summed)
+        results = source.many(summed, compiled=compiled)
         return [{state.prefix + k: v for k, v in out.items()} for state, out in zip(states, results, strict=True)]
-    return [state.compute(values) for state, values in zip(states, summed, strict=True)]
+    return [_computed(state, values, compiled) for state, values in zip(states, summed, strict=True)]
+
+
+def _computed(state: MetricState, summed: np.ndarray, compiled: bool) -> dict[str, float]:
+    if state.source is None:  # a state of some other origin: its own computation
+        return state.compute(summed)
+    return {state.prefix + k: v for k, v in state.source.many([summed], compiled=compiled)[0].items()}
 
 
 def leaf_metrics(model: Any) -> list[Any]:
@@ -177,9 +183,19 @@ def capture(model: Any, prefix: str) -> MetricState | None:
     flat = snapshot if snapshot is not None else computer.read()
 
     def compute(summed: np.ndarray) -> dict[str, float]:
-        return {prefix + k: v for k, v in computer(summed).items()}
+        return {prefix + k: v for k, v in computer.many([summed])[0].items()}
 
     return MetricState(prefix, flat, None, compute, computer)
+
+
+def trace_in_background(model: Any, states: int) -> Traced | None:
+    """Start tracing the compiled form of an epoch's results for ``model``'s metrics off the training thread (see
+    :mod:`hvd_mlflow.every_rank.tracing`), for epochs of ``states`` states (2: training and validation; one state's
+    call serves every epoch); ``None`` when it has no metrics."""
+    variables = _variables(model)
+    if not variables or not hasattr(model, "get_metrics_result"):
+        return None
+    return _computer(model, variables).trace_in_background(together=states == 2)
 
 
 _COMPUTERS: weakref.WeakKeyDictionary[Any, _Computer] = weakref.WeakKeyDictionary()
@@ -198,20 +214,19 @@ EAGER_UP_TO_STATES = 2  # an epoch's training and validation state: more (logged
 
 
 class _Computer:
-    """The metric state read eagerly, its results eagerly at first, then in one compiled TensorFlow call.
+    """The metric state read eagerly, its results eagerly at first, then in compiled TensorFlow calls.
 
     :meth:`snapshot` reads every metric variable with one eager read op each; where they are not resource
     variables, :meth:`read` returns them as one flat float64 vector (one compiled call, one device-to-host
     transfer). :meth:`many` (or a call with one state) puts each summed state in turn into the model's own metric
-    variables, reads every result the way Keras names them and puts the variables back as they were, all in one
-    call: no eager assign per variable, ``result()`` per metric or restore per variable (about 6 ms per state on a
-    model with an AUC, on these CPUs, against well under 1 ms). The calls go to concrete functions traced once
-    (per number of states), which skips TensorFlow's per-call signature matching. If it cannot be compiled (a
-    metric whose code TensorFlow cannot trace), the same steps run eagerly. Calls of up to
-    :data:`EAGER_UP_TO_STATES` states (an epoch's) run eagerly until tracing pays
-    (:mod:`hvd_mlflow.every_rank.tracing`): no trace at the first epoch's end. Calls of more states (logged batches,
-    with ``log_every_n_steps``) are compiled from the first (eagerly each state would cost its 2-10 ms), traced once
-    per number of states.
+    variables, reads every result the way Keras names them and puts the variables back as they were: eagerly
+    (4-14 ms per epoch on a model with an AUC, on these CPUs) until the compiled form of one state's call, traced in
+    a background thread from the first epoch's end (:meth:`trace_in_background`), is ready on every rank
+    (``compiled``: agreed, :mod:`hvd_mlflow.every_rank.tracing`); then one call per state (under 0.5 ms each).
+    Calls of more states than :data:`EAGER_UP_TO_STATES` (logged batches, with ``log_every_n_steps``) are compiled
+    from the first (eagerly each state would cost its 2-10 ms), traced once per number of states, on the training
+    thread. The calls go to concrete functions, which skips TensorFlow's per-call signature matching. If one
+    cannot be compiled (a metric whose code TensorFlow cannot trace), the same steps run eagerly.
     """
 
     def __init__(self, model: Any, variables: list[Any]) -> None:
@@ -220,12 +235,13 @@ class _Computer:
         self.variables = list(variables)
         self._layout = [(tuple(v.shape), _dtype_name(v)) for v in variables]
         self._count_at = _loss_count_offset(model, self.variables)
-        self._compiled: dict[int, Any] = {}  # number of states -> concrete function
-        self._calls: dict[int, CallCount] = {}  # number of states -> its calls (eager until tracing pays: tracing.py)
+        self._compiled: dict[int, Any] = {}  # number of states (logged batches') -> concrete function
+        self.traced: Traced | None = None  # {number of states: concrete function}, traced in the background
         self._reader: Any = None
         self._eager = False
         self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
         self._snapshot: Any = None  # reads each variable as an eager tensor (False: these variables cannot)
+        self._raw: list[Any] | None = None  # the TensorFlow variables behind the metric variables (eager assigns)
 
     def read(self) -> np.ndarray:
         """This rank's state, flat, as float64."""
@@ -260,76 +276,112 @@ class _Computer:
         """How many samples ``flat`` covers (the loss tracker's count), 1 if unknown."""
         return float(flat[self._count_at]) if self._count_at is not None else 1.0
 
-    def __call__(self, summed: np.ndarray) -> dict[str, float]:
-        return self.many([summed])[0]
-
-    def many(self, summed: list[np.ndarray]) -> list[dict[str, float]]:
-        """The results of each summed state (unprefixed), the variables left as they were."""
+    def many(self, summed: list[np.ndarray], compiled: bool = False) -> list[dict[str, float]]:
+        """The results of each summed state (unprefixed), the variables left as they were. ``compiled``: every
+        rank has its traced call (agreed in the epoch collective), so this one may use it."""
         count = len(summed)
-        compiled = count > EAGER_UP_TO_STATES or self._calls.setdefault(count, CallCount()).trace_now()
-        if compiled and not self._eager:
+        if not self._eager:
             try:
-                return self._run_compiled(summed)
+                if count > EAGER_UP_TO_STATES:
+                    return self._call(self._concrete(count), summed)
+                if compiled and self.traced is not None and self.traced.ready:
+                    together = self.traced.concrete.get(count)  # an epoch's training and validation: one call
+                    if together is not None:
+                        return self._call(together, summed)
+                    return [self._call(self.traced.concrete[1], [state])[0] for state in summed]
             except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
                 self._eager = True
         # restore the state as last read (the state the variables hold now, and held when a compiled call that failed
         # began, perhaps after putting the summed state in: a call always follows a read, with no step in between)
         saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()
-        return [self._run_eagerly(state, saved) for state in summed]
+        return self._run_eagerly(summed, saved)
+
+    def trace_in_background(self, together: bool) -> Traced:
+        """Start tracing, off the training thread, one state's call and, if ``together``, the call of an epoch's
+        training and validation states (once)."""
+        if self.traced is None:
+            self.traced = Traced(lambda: {count: self._trace(count) for count in ((1, 2) if together else (1,))})
+            self.traced.start()
+        return self.traced
 
     def _read_eagerly(self) -> np.ndarray:
         return np.concatenate([_numpy(v).astype(np.float64).ravel() for v in self.variables])
 
-    def _run_compiled(self, summed: list[np.ndarray]) -> list[dict[str, float]]:
+    def _concrete(self, count: int) -> Any:
+        """The concrete function of ``count`` states' call, traced on this thread at its first use."""
+        if count not in self._compiled:
+            self._compiled[count] = self._trace(count)
+        return self._compiled[count]
+
+    def _trace(self, count: int) -> Any:
+        """Trace the call of ``count`` states: put each in, read the results, put the own state back."""
         import tensorflow as tf
 
-        count = len(summed)
-        if count not in self._compiled:
-            layout, variables, metrics = self._layout, self.variables, self._metrics
-            read = _reading(variables)
+        layout, variables, metrics = self._layout, self.variables, self._metrics
+        read = _reading(variables)
 
-            def assign(flat: Any) -> list[Any]:
-                offset, ops = 0, []
-                for variable, (shape, dtype) in zip(variables, layout, strict=True):
-                    size = int(np.prod(shape, dtype=np.int64))
-                    ops.append(variable.assign(tf.cast(tf.reshape(flat[offset : offset + size], shape), dtype)))
-                    offset += size
-                return ops
+        def assign(flat: Any) -> list[Any]:
+            offset, ops = 0, []
+            for variable, (shape, dtype) in zip(variables, layout, strict=True):
+                size = int(np.prod(shape, dtype=np.int64))
+                ops.append(variable.assign(tf.cast(tf.reshape(flat[offset : offset + size], shape), dtype)))
+                offset += size
+            return ops
 
-            def run(summed_states: Any) -> list[dict[str, Any]]:
-                own_state = read()
-                after: list[Any] = [own_state]
-                out = []
-                for index in range(count):  # unrolled: each state in turn, in order
-                    with tf.control_dependencies(after):
-                        assigned = assign(summed_states[index])
-                    with tf.control_dependencies([summed_states, *[a for a in assigned if a is not None]]):
-                        results = {k: tf.identity(v) for k, v in _symbolic_results(metrics).items()}
-                    after = list(results.values())
-                    out.append(results)
+        def run(summed_states: Any) -> list[dict[str, Any]]:
+            own_state = read()
+            after: list[Any] = [own_state]
+            out = []
+            for index in range(count):  # unrolled: each state in turn, in order
                 with tf.control_dependencies(after):
-                    assign(own_state)
-                return out
+                    assigned = assign(summed_states[index])
+                with tf.control_dependencies([summed_states, *[a for a in assigned if a is not None]]):
+                    results = {k: tf.identity(v) for k, v in _symbolic_results(metrics).items()}
+                after = list(results.values())
+                out.append(results)
+            with tf.control_dependencies(after):
+                assign(own_state)
+            return out
 
-            size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in layout)
-            spec = tf.TensorSpec([count, size], tf.float64)
-            self._compiled[count] = tf.function(run, autograph=False).get_concrete_function(spec)
-        out = self._compiled[count](tf.constant(np.stack(summed), tf.float64))
+        size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in layout)
+        spec = tf.TensorSpec([count, size], tf.float64)
+        return tf.function(run, autograph=False).get_concrete_function(spec)
+
+    @staticmethod
+    def _call(concrete: Any, summed: list[np.ndarray]) -> list[dict[str, float]]:
+        import tensorflow as tf
+
+        out = concrete(tf.constant(np.stack(summed), tf.float64))
         return [{k: float(np.asarray(v).reshape(())) for k, v in results.items() if np.size(v) == 1} for results in out]
 
-    def _run_eagerly(self, summed: np.ndarray, saved: np.ndarray) -> dict[str, float]:
+    def _run_eagerly(self, summed: list[np.ndarray], saved: np.ndarray) -> list[dict[str, float]]:
+        """Each state in turn put in and its results read, then ``saved`` put back (once)."""
+        model = self._model()
         try:
-            self._assign(summed)
-            return _results(self._model())
+            out = []
+            for state in summed:
+                self._assign(state)
+                out.append(_results(model))
+            return out
         finally:
             self._assign(saved)
 
     def _assign(self, flat: np.ndarray) -> None:
+        """Put ``flat`` into the variables, eagerly (through TensorFlow's own variables: a third of the time of Keras
+        3's wrappers)."""
+        if self._raw is None:
+            self._raw = [_tf_variable(v) for v in self.variables]
         offset = 0
-        for variable, (shape, dtype) in zip(self.variables, self._layout, strict=True):
+        for variable, (shape, dtype) in zip(self._raw, self._layout, strict=True):
             size = int(np.prod(shape, dtype=np.int64))
-            variable.assign(flat[offset : offset + size].reshape(shape).astype(dtype))
+            variable.assign(flat[offset : offset + size].reshape(shape).astype(dtype), read_value=False)
             offset += size
+
+
+def _tf_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` behind a metric variable (Keras 3 wraps one; tf_keras' are TensorFlow's)."""
+    inner = getattr(variable, "value", None)
+    return inner if type(variable).__module__.startswith("keras") and hasattr(inner, "assign") else variable
 
 
 def _dtype_name(variable: Any) -> str:

@@ -1,43 +1,81 @@
-"""When hvd-mlflow traces its own TensorFlow functions: once they have paid for themselves.
+"""When hvd-mlflow's own TensorFlow functions run compiled: once every rank has traced them, off the training thread.
 
-Tracing one (the metric results from a summed state: 99-229 ms measured; the weights' fingerprint: 29-41 ms) costs
-Python on the training thread; a call run eagerly costs 2-10 ms. Traced at its first call, it would add that to
-the end of the first epoch, the one a short job feels, and pay back only after about twenty calls. So in each
-``fit`` the first :data:`TRACE_AFTER_CALLS` calls run eagerly and the next ones use (or trace) the compiled form.
-Eager and compiled calls give the same values (the same kernels; tests/unit/test_metric_state.py), and every rank
-switches at the same call by construction: the counts start again at every train begin (:func:`new_fit`, called
-on every rank, also by a process that joins under Horovod elastic), and the calls are made at the epoch ends and
-collectives every rank reaches alike.
+hvd-mlflow computes an epoch's metric results from a summed state, and the weights' fingerprint, on every rank at
+every epoch end. Compiled, a call costs under a millisecond; eagerly, 4-14 ms (measured on the realistic bench
+model: 2-3% of a half-second epoch). But tracing one costs 70-400 ms of Python: at the first epoch's end it would
+delay the start-up a short job feels, and on the training thread at any epoch end it would stall every rank.
+
+So each such function is traced in a background thread (:class:`Traced`), started at the end of the first epoch,
+while the training thread mostly waits in TensorFlow with the GIL released (measured: the epoch it overlaps ends no
+later). Until it is ready, the calls run eagerly. Eager and compiled calls give the same values (the same kernels;
+tests/unit/test_metric_state.py), and every rank writes those values back into Keras' logs, so every rank must
+switch at the same epoch: each rank carries whether its functions are ready in the epoch's collective
+(:data:`READY_KEY`), and the first collective whose sum says all were ready switches every rank (:class:`Agreement`,
+learned by :class:`~hvd_mlflow.every_rank.aggregate.Reducer` before it computes that collective's results; the
+weights' fingerprint, computed before the collective, follows from the next epoch). A process that joins under
+Horovod elastic reports "not ready" until its own trace is done: everyone waits for it, eagerly. A trace that fails
+leaves its rank eager, and so every rank.
 
 Example::
 
-    calls = CallCount()
-    result = compiled(state) if calls.trace_now() else eagerly(state)
+    traced = Traced(lambda: tf.function(run).get_concrete_function(spec))
+    traced.start()                          # at the first epoch's end, on every rank
+    result = traced.concrete(x) if agreement.compiled and traced.ready else eagerly(x)
 """
 
 from __future__ import annotations
 
-TRACE_AFTER_CALLS = 20  # the measured break-even: a 99-229 ms trace against 5-10 ms saved per call
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+READY_KEY = "compiled_ready"  # what each rank carries in the epoch's collective: 1.0 when its functions are traced
 
 
-_fit = 0  # which fit of this process the counts belong to
+class Traced:
+    """One function, traced once in a daemon thread; :attr:`ready` once its concrete function exists."""
+
+    def __init__(self, trace: Callable[[], Any]) -> None:
+        self._trace = trace
+        self._thread: threading.Thread | None = None
+        self.concrete: Any = None
+        self.failed = False
+
+    def start(self) -> None:
+        """Begin tracing (once; later calls do nothing)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hvd-mlflow-trace", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.concrete = self._trace()
+        except Exception:  # noqa: BLE001 - a function TensorFlow cannot trace stays eager (on every rank: agreed)
+            self.failed = True
+
+    @property
+    def ready(self) -> bool:
+        return self.concrete is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the trace to end (tests); whether it is ready."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.ready
 
 
-def new_fit() -> None:
-    """A ``fit`` begins (on every rank, at train begin): every count starts again."""
-    global _fit
-    _fit += 1
-
-
-class CallCount:
-    """Counts the calls of one function in this fit; :meth:`trace_now` says whether this call may use (or trace) its
-    compiled form."""
+class Agreement:
+    """Whether this fit's epoch ends run compiled, agreed in the epoch collectives (the same on every rank)."""
 
     def __init__(self) -> None:
-        self.calls, self._fit = 0, _fit
+        self.compiled = False  # a fit begins eagerly on every rank
 
-    def trace_now(self) -> bool:
-        if self._fit != _fit:
-            self.calls, self._fit = 0, _fit
-        self.calls += 1
-        return self.calls > TRACE_AFTER_CALLS
+    @staticmethod
+    def carry(functions: Iterable[Traced | None]) -> dict[str, float]:
+        """This rank's share: 1.0 when every function it will call is traced."""
+        ready = all(f is not None and f.ready for f in functions)
+        return {READY_KEY: 1.0 if ready else 0.0}
+
+    def learn(self, carried: dict[str, float], size: int) -> None:
+        """After an epoch's collective: compiled from the next epoch on once every rank was ready (never back)."""
+        self.compiled = self.compiled or carried.get(READY_KEY, 0.0) == size

@@ -5,6 +5,7 @@ import logging
 import numpy as np
 import pytest
 
+from hvd_mlflow.every_rank import tracing
 from hvd_mlflow.every_rank.aggregate import MetricKeyMismatchError, Reducer, key_signature, numeric_entries, scalar
 from hvd_mlflow.every_rank.collectives import Solo
 from hvd_mlflow.every_rank.metric_state import MetricState
@@ -239,3 +240,33 @@ def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
         epoch_state = MetricState("", np.array([20.0, 40.0]), 40.0, mean)
         Reducer(HandBuiltPeer(other), "exact").reduce({"loss": 0.5}, "t", [epoch_state], carry={"rank0_step": 7.0},
                                                       before=[batch])  # fmt: skip
+
+
+def test_the_collective_that_shows_every_rank_ready_switches_its_own_results_to_compiled():
+    """Whether the results from summed states run compiled is read from the same collective's sum of every rank's
+    readiness (tracing.READY_KEY), before they are computed: the same on every rank, never a rank's own thread."""
+    calls = []
+
+    class Source:
+        def many(self, summed, compiled=False):
+            calls.append("compiled" if compiled else "eager")
+            return [{"loss": s[0] / s[1]} for s in summed]
+
+    class OtherRankAlike(Solo):
+        """Rank 0 of 2, the other rank's vector the same but for its readiness (the last value it carries)."""
+
+        size, other_ready = 2, 0.0
+
+        def allreduce_sum(self, values, name):
+            other = values.copy()
+            other[-3] = self.other_ready  # [..., carry..., signature, signature^2]
+            return values + other
+
+    comm = OtherRankAlike()
+    reducer = Reducer(comm, "exact")
+    for mine, others, expected in ((1.0, 0.0, "eager"), (1.0, 1.0, "compiled"), (0.0, 0.0, "compiled")):
+        comm.other_ready = others
+        state = MetricState("", np.array([30.0, 10.0]), 10.0, lambda s: {"loss": s[0] / s[1]}, source=Source())
+        values = reducer.reduce({"loss": 3.0}, "epoch", states=[state], carry={tracing.READY_KEY: mine})
+        assert calls[-1] == expected and values == {"loss": 3.0}  # (30+30)/(10+10) either way
+    assert reducer.agreement.compiled  # agreed once: not undone by a later sum

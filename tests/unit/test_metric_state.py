@@ -79,17 +79,17 @@ def test_the_compiled_computation_equals_the_eager_one_and_restores_the_state():
     other = state.values * 2  # and a second one (an epoch's training and validation: one call for both)
     computer = metric_state._computer(model, metric_state._variables(model))
     for states in ([summed], [summed, other]):
-        compiled = computer._run_compiled(states)
+        compiled = computer._call(computer._concrete(len(states)), states)
         assert len(compiled) == len(states)
         for values, results in zip(states, compiled, strict=True):
-            eager = computer._run_eagerly(values, state.values)
+            [eager] = computer._run_eagerly([values], state.values)
             assert results.keys() == eager.keys() == {"loss", "mae", "auc", "precision"}
             for key in results:
                 assert results[key] == pytest.approx(eager[key], rel=1e-6), key
         assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
     assert compiled[0] != compiled[1]  # each state's own results, not the last one's twice
     assert sorted(computer._compiled) == [1, 2]  # traced once per number of states
-    computer._run_compiled([other, summed])
+    computer._call(computer._concrete(2), [other, summed])
     assert sorted(computer._compiled) == [1, 2]  # and not again
     assert not computer._eager and computer._snapshot  # it did compile; the state was read by read ops
     assert state.values.tolist() == computer._read_eagerly().tolist() == computer.read().tolist()  # every way alike
@@ -141,47 +141,64 @@ class FailsOverALimit(RunningMax):
             return tf.identity(self.value)
 
 
-def test_a_computation_that_fails_midway_leaves_the_own_state_in_place(monkeypatch):
-    monkeypatch.setattr(tracing, "TRACE_AFTER_CALLS", 0)  # compiled from the first call
+def test_a_computation_that_fails_midway_leaves_the_own_state_in_place():
     model = trained(["mae", FailsOverALimit(name="checked")])
     own = metric_state.capture(model, prefix="")
+    assert metric_state.trace_in_background(model, states=1).wait(60)  # the compiled form, as every rank has it later
     summed = own.values + 1000.0  # the compiled call puts it in, then result() fails
     with pytest.raises(tf.errors.InvalidArgumentError):
-        own.compute(summed)  # fails compiled, then eagerly: raised alike on every rank (same model)
+        metric_state.compute_all([own], [summed], compiled=True)  # fails compiled, then eagerly (alike everywhere)
     after = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
     assert after.tolist() == own.values.tolist()  # the rank's own state, not the summed one
 
 
-def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_tracing_pays_then_compiled_with_the_same_values():
-    """No trace at the first epoch end (a short job's first epoch pays it in full): the first TRACE_AFTER_CALLS
-    calls run eagerly, the next traces; the values do not change at the switch, so every rank, switching at the
-    same call, writes the same values back into the logs."""
+def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_agreed_then_compiled_with_the_same_values():
+    """No trace on the calling (training) thread for an epoch's results or the fingerprint: eager until their
+    compiled forms, traced in a background thread, are agreed; the values do not change at the switch, so every rank,
+    switching at the same epoch, writes the same values back into the logs."""
     model = trained(["mae", keras.metrics.AUC(name="auc")])
     state = metric_state.capture(model, prefix="")
     computer = metric_state._computer(model, metric_state._variables(model))
     train, val = state.values * 3 + 1, state.values * 2
     first = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val])
     fingerprint = divergence.fingerprint(model)
-    for _ in range(tracing.TRACE_AFTER_CALLS - 1):
-        computer.many([train, val])
-        divergence.fingerprint(model)
-    assert computer._compiled == {} and divergence._FUNCTIONS[model].concrete is None  # eager so far
-    again = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val])
-    assert sorted(computer._compiled) == [2] and not computer._eager  # traced at call TRACE_AFTER_CALLS + 1
-    assert divergence.fingerprint(model) == fingerprint and divergence._FUNCTIONS[model].concrete is not None
-    assert again == first and first[0]["auc"] != first[1]["val_auc"]
+    assert computer._compiled == {} and computer.traced is None  # eager: nothing traced, nothing started
+    assert divergence.fingerprint(model, compiled=True) == fingerprint  # agreed but not traced here: still eager
+    assert divergence._FUNCTIONS[model].traced.concrete is None
+    traces = [metric_state.trace_in_background(model, states=2), divergence.trace_in_background(model)]
+    assert all(t.wait(60) for t in traces) and {t._thread.name for t in traces} == {"hvd-mlflow-trace"}
+    eager_again = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val])
+    calls = []
+    traced_call = computer._call
+    computer._call = lambda concrete, summed: calls.append(concrete) or traced_call(concrete, summed)
+    again = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val], compiled=True)
+    assert calls == [computer.traced.concrete[2]] and not computer._eager  # training and validation: one call
+    alone = computer.many([val], compiled=True)[0]  # an epoch without validation: one state's call
+    assert calls[1:] == [computer.traced.concrete[1]] and alone == {k[4:]: v for k, v in first[1].items()}
+    assert divergence.fingerprint(model, compiled=True) == fingerprint
+    assert again == first == eager_again and first[0]["auc"] != first[1]["val_auc"]
+    assert computer._compiled == {}  # nothing traced on this thread
     assert metric_state.capture(model, prefix="").values.tolist() == state.values.tolist()  # own state back
     many = [state.values + i for i in range(3)]  # logged batches' states: compiled at once, as many calls as that
-    assert [r["mae"] for r in computer.many(many)] == [computer._run_eagerly(v, state.values)["mae"] for v in many]
-    assert sorted(computer._compiled) == [2, 3]
+    assert [r["mae"] for r in computer.many(many)] == [r["mae"] for r in computer._run_eagerly(many, state.values)]
+    assert sorted(computer._compiled) == [3]
 
 
-def test_every_fit_counts_its_calls_again_so_a_process_that_joins_under_elastic_switches_with_the_others():
-    """Survivors of an elastic reset and a process that joins then make the same calls from the new fit on: the
-    switch from eager to compiled must come at the same call on all of them (train begin calls new_fit on each)."""
-    survivor = tracing.CallCount()
-    assert [survivor.trace_now() for _ in range(tracing.TRACE_AFTER_CALLS + 1)][-2:] == [False, True]
-    tracing.new_fit()  # the fit after the reset, on every rank
-    joined = tracing.CallCount()  # made by the new process in that fit
-    calls = tracing.TRACE_AFTER_CALLS + 2
-    assert [survivor.trace_now() for _ in range(calls)] == [joined.trace_now() for _ in range(calls)]
+def test_every_rank_switches_to_compiled_at_the_same_epoch_once_all_are_ready():
+    """The switch is decided from the epoch collective's sum of each rank's readiness: a rank whose trace is still
+    running (a process that joined under elastic, a slower machine) keeps every rank eager; once all are ready,
+    all switch together, and a new fit begins eagerly again on every rank."""
+    size = 3
+    agreement = tracing.Agreement()
+    ready, not_ready = tracing.Agreement.carry([_Ready()]), tracing.Agreement.carry([_Ready(), None])
+    assert ready == {tracing.READY_KEY: 1.0} and not_ready == {tracing.READY_KEY: 0.0}
+    agreement.learn({tracing.READY_KEY: 2 * ready[tracing.READY_KEY] + not_ready[tracing.READY_KEY]}, size)
+    assert not agreement.compiled
+    agreement.learn({tracing.READY_KEY: 3.0}, size)
+    assert agreement.compiled
+    agreement.learn({tracing.READY_KEY: 2.0}, size)  # agreed once, for the rest of the fit
+    assert agreement.compiled and not tracing.Agreement().compiled
+
+
+class _Ready:
+    ready = True
