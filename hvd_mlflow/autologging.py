@@ -4,8 +4,10 @@
 :class:`~hvd_mlflow.HorovodMlflowCallback` of the model's own flavour FIRST in the callback list (unless the
 user passed one), in whatever form ``callbacks`` was given (a list, a tuple, a Keras ``CallbackList``), and ends
 a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs silently without the callback
-(the ranks' values and early stopping would disagree): if it cannot be added, ``fit`` raises a clear error on
-every rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
+(the ranks' values and early stopping would disagree): another tool's wrapper of ``fit`` installed before
+``autolog()`` (a plain ``*args, **kwargs`` one too) is read by Keras' own signature and handed the callbacks by
+keyword (:mod:`hvd_mlflow.every_rank.fit_call`); if they cannot be added, ``fit`` raises a clear error on every
+rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
 arguments and handed to the callback, whose train-begin agreement raises the same error on every rank when any rank's
 is (:mod:`hvd_mlflow.every_rank.shards`); a rank without training data makes only that agreement, not Keras' ``fit``,
 which would refuse it on that rank alone.
@@ -14,7 +16,6 @@ which would refuse it on that rank alone.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from .common import dependencies, topology
 from .config import AutologOptions
 from .delivery import destination, mlflow_calls
 from .errors import HvdMlflowError
-from .every_rank import elastic, keras_flavour, shards, tensorboard
+from .every_rank import elastic, fit_call, keras_flavour, shards, tensorboard
 
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
@@ -128,18 +129,18 @@ def _patch_flavour(flavour: str) -> None:
         return
     if model_class not in _originals:
         _originals[model_class] = model_class.fit
-        model_class.fit = _patched_fit(model_class.fit)
+        model_class.fit = _patched_fit(model_class.fit, model_class)
 
 
-def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..., Any]:
+    plan = fit_call.FitCall(original, model_class)  # read against Keras' own signature, whatever wraps it
 
     @functools.wraps(original)
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         options = _options
         if options is None:
             return original(self, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
+        bound = plan.bind(self, args, kwargs)
         given = bound.arguments.get("callbacks")
         if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
             return original(self, *args, **kwargs)
@@ -156,17 +157,18 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
             folders = tensorboard.uploads(users) if rank == 0 and options.log_tensorboard else []
             callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty,
                                         folders=[(f, p, options.tensorboard_profile) for f, p in folders])  # fmt: skip
-            bound.arguments["callbacks"] = _with_first(callback, given, self, users)
+            call_args, call_kwargs = bound.with_callbacks(_with_first(callback, given, self, users))
         except Exception as error:
             raise HvdMlflowError(
                 f"hvd-mlflow could not add its callback to this fit ({type(error).__name__}: {error}); fit does not "
                 "run without it, since the ranks' metrics and early stopping would then disagree. Pass callbacks as "
-                "a list, or call hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
+                "a list, put hvd_mlflow.HorovodMlflowCallback(model=model) first in them yourself, or call "
+                "hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
             ) from error
         try:
             if shards.TRAINING in empty:  # Keras would raise on this rank alone: the agreement raises on all alike
                 callback._train_begin_without_fit(self, bound.arguments.get("epochs"))
-            return original(*bound.args, **bound.kwargs)
+            return original(*call_args, **call_kwargs)
         except BaseException as error:
             if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
                 callback._after_reset()
