@@ -23,7 +23,7 @@ from typing import Any
 from .callback import HorovodMlflowCallback
 from .common import dependencies, topology
 from .config import AutologOptions
-from .delivery import destination, mlflow_calls
+from .delivery import destination, folder_artifacts, mlflow_calls
 from .errors import HvdMlflowError
 from .every_rank import elastic, fit_call, keras_flavour, shards, tensorboard
 
@@ -86,9 +86,9 @@ def autolog(
             either way.
         log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in ``fit``: only
             rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write under
-            ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end of
-            ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
-            :mod:`hvd_mlflow.every_rank.tensorboard`).
+            ``<log_dir>/rank-<N>/``, left on their disks); the files of rank 0's folder that the ``fit`` wrote go
+            into the run's artifacts under ``tensorboard/`` once Keras' ``fit`` has closed them (``log_tensorboard``,
+            on), profiler traces only with ``tensorboard_profile`` (see :mod:`hvd_mlflow.every_rank.tensorboard`).
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
@@ -152,11 +152,10 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
                 elastic_state=elastic.state_from_callbacks(_callbacks_in(given)),
                 options=options,
             )
-            rank = topology.current().rank  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
-            users = tensorboard.for_rank(_callbacks_in(given), rank, options.tensorboard_per_rank)
-            folders = tensorboard.uploads(users) if rank == 0 and options.log_tensorboard else []
-            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty,
-                                        folders=[(f, p, options.tensorboard_profile) for f, p in folders])  # fmt: skip
+            world = topology.current()  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
+            users = tensorboard.for_rank(_callbacks_in(given), world.rank, options.tensorboard_per_rank)
+            folders = _tensorboard_uploads(users, world.rank, world.size, options)  # rank 0: never raises
+            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty, folders=folders)
             call_args, call_kwargs = bound.with_callbacks(_with_first(callback, given, self, users))
         except Exception as error:
             raise HvdMlflowError(
@@ -209,6 +208,16 @@ def _with_first(callback: Any, given: Any, model: Any, users: list[Any]) -> Any:
     if not params:
         callback.set_params({})
     return rebuilt
+
+
+def _tensorboard_uploads(users: list[Any], rank: int, size: int, options: AutologOptions) -> list[Any]:
+    """Rank 0: each TensorBoard folder of this fit, with its files as they are now (only what the fit writes is
+    uploaded), never the other ranks' ``rank-<N>/`` (on their disks, perhaps still written)."""
+    if rank != 0 or not options.log_tensorboard:
+        return []
+    skip = tensorboard.other_rank_dirs(size) if options.tensorboard_per_rank else ()
+    return [folder_artifacts.FolderUpload(folder, path, options.tensorboard_profile, folder_artifacts.snapshot(folder),
+                                          skip) for folder, path in tensorboard.uploads(users)]  # fmt: skip
 
 
 def _batch_size(arguments: Mapping[str, Any]) -> int | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .._log import logger, warn_once
 from ..common.redact import redact
-from ..delivery import destination, journal
+from ..delivery import destination, folder_artifacts, journal
 from ..every_rank import keras_flavour, metric_state, run_params
 from . import model_logging
 from .run_logger import RunLogger
@@ -30,7 +30,7 @@ class RankZeroSteps:
     _run_logger: RunLogger | None
     _csv_logger: Any
     _hosts: tuple[str, ...]
-    _folders: tuple[tuple[str, str, bool], ...]
+    _folders: tuple[folder_artifacts.FolderUpload, ...]
     model: Any
     options: Any
 
@@ -73,9 +73,9 @@ class RankZeroSteps:
             with self._rank0.step("logging the model"):
                 if self._logs_models():  # the model gets the budget but a part kept for the last epochs
                     self._log_model(deadline - min(5.0, self.options.flush_timeout / 2), run_logger)
-        with self._rank0.step("the TensorBoard logs"):  # after fit: TensorBoard has closed its files
-            for folder, path, profile in self._folders:
-                run_logger.log_folder(folder, path, profile=profile)
+        with self._rank0.step("the TensorBoard logs"):  # autolog ends the fit after Keras' fit: TensorBoard is closed
+            for upload in self._folders:  # only the files this fit wrote, as they are now
+                run_logger.log_folder(upload.folder, upload.path, upload.profile, folder_artifacts.changed(upload))
         self._close_csv()
         self._run_logger = None
         with self._rank0.step("delivering the last epochs"):
