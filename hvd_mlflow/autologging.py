@@ -3,7 +3,9 @@
 ``fit`` of every importable Keras flavour's ``Model`` is wrapped once. The wrapper puts a
 :class:`~hvd_mlflow.HorovodMlflowCallback` of the model's own flavour FIRST in the callback list (unless the
 user passed one), in whatever form ``callbacks`` was given (a list, a tuple, a Keras ``CallbackList``), and ends
-a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs silently without the callback
+the fit itself once Keras' ``fit`` has returned (after every callback's ``on_train_end``: TensorBoard's closes its
+files before they are uploaded), or as FAILED when ``fit`` raises (Keras calls no ``on_train_end`` then), also for
+a callback the user passed. ``fit`` never runs silently without the callback
 (the ranks' values and early stopping would disagree): another tool's wrapper of ``fit`` installed before
 ``autolog()`` (a plain ``*args, **kwargs`` one too) is read by Keras' own signature and handed the callbacks by
 keyword (:mod:`hvd_mlflow.every_rank.fit_call`); if they cannot be added, ``fit`` raises a clear error on every
@@ -142,8 +144,14 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
             return original(self, *args, **kwargs)
         bound = plan.bind(self, args, kwargs)
         given = bound.arguments.get("callbacks")
-        if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
-            return original(self, *args, **kwargs)
+        theirs = [cb for cb in _callbacks_in(given) if isinstance(cb, HorovodMlflowCallback)]
+        if theirs:  # the user's own: ended FAILED here too when fit raises (Keras calls no on_train_end then)
+            try:
+                return original(self, *args, **kwargs)
+            except BaseException as error:
+                for callback in theirs:
+                    _end_raised(callback, error)
+                raise
         empty = shards.empty_parts(bound.arguments)  # this rank's own data: agreed at train begin, never raised here
         try:  # the same on every rank: it either works everywhere or fails everywhere, before any collective
             callback = HorovodMlflowCallback(
@@ -169,16 +177,22 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
                 callback._train_begin_without_fit(self, bound.arguments.get("epochs"))
             return original(*call_args, **call_kwargs)
         except BaseException as error:
-            if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
-                callback._after_reset()
-            else:
-                callback._end_fit("FAILED", error)
+            _end_raised(callback, error)
             raise
         finally:
-            callback._end_fit("FINISHED")
+            callback._end_fit("FINISHED")  # after Keras' fit: every callback's on_train_end has run (TensorBoard's)
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
+
+
+def _end_raised(callback: HorovodMlflowCallback, error: BaseException) -> None:
+    """The end of a fit that raised ``error``: FAILED, or under elastic, a reset: the fit runs again, so sending
+    stops and the run stays open."""
+    if elastic.is_reset(error):
+        callback._after_reset()
+    else:
+        callback._end_fit("FAILED", error)
 
 
 def _callbacks_in(given: Any) -> list[Any]:

@@ -269,3 +269,55 @@ def test_a_fit_wrapper_that_cannot_take_callbacks_is_refused_before_training(tra
     assert spy.order == [["HorovodMlflowCallback", "History"]]
     [run] = runs_of(client, tracking)
     assert [p.step for p in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+
+
+def test_the_users_own_callback_under_autolog_ends_failed_when_fit_raises(tracking, client):
+    """Under autolog, a HorovodMlflowCallback the user passed is ended by the wrapper when fit raises (Keras calls
+    no on_train_end then), as autolog's own: FAILED at once, with the epochs that ended."""
+    flavour = keras_flavour.of_tf_keras()
+    model, keras = small_model(flavour)
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("boom")
+
+    hvd_mlflow.autolog()
+    callback = hvd_mlflow.HorovodMlflowCallback(model=model)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(*data(), epochs=5, callbacks=[callback, Boom()], verbose=0)
+    [run] = runs_of(client, tracking)
+    assert run.info.status == "FAILED" and callback.run_id == run.info.run_id
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+
+
+def test_a_fit_that_ended_leaves_no_exit_hook_behind(tracking, client, monkeypatch):
+    """Rank 0's exit hook (rank_zero/exit_hook.py) lives while a fit is open: none is left after fits that ended,
+    with the bare callback or under autolog; a bare callback's fit that raised keeps one, which ends it FAILED."""
+    import types
+
+    from hvd_mlflow.rank_zero import exit_hook
+
+    hooks: list = []
+    monkeypatch.setattr(exit_hook, "atexit", types.SimpleNamespace(register=hooks.append, unregister=hooks.remove))
+    model, keras = small_model(keras_flavour.of_tf_keras())
+    callback = hvd_mlflow.HorovodMlflowCallback(model=model)
+    model.fit(*data(), epochs=1, callbacks=[callback], verbose=0)
+    model.fit(*data(), epochs=1, callbacks=[callback], verbose=0)
+    hvd_mlflow.autolog()
+    model.fit(*data(), epochs=1, verbose=0)
+    assert hooks == []
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("boom")
+
+    hvd_mlflow.autolog(disable=True)
+    bare = hvd_mlflow.HorovodMlflowCallback(model=model)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(*data(), epochs=2, callbacks=[bare, Boom()], verbose=0)
+    [hook] = hooks
+    hook()  # what runs at exit
+    assert hooks == [] and client.get_run(bare.run_id).info.status == "FAILED"
+    *ended, failed = sorted(runs_of(client, tracking), key=lambda run: run.info.start_time)
+    assert failed.info.run_id == bare.run_id and ended and all(run.info.status == "FINISHED" for run in ended)

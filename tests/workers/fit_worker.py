@@ -173,6 +173,27 @@ class Extra(keras.callbacks.Callback):
             logs["a@b"], logs["a(b"] = 1.0, 2.0
 
 
+class Boom(keras.callbacks.Callback):
+    """Raises out of fit (placed after hvd-mlflow's callback): at the first batch, or at the end of epoch 1."""
+
+    def __init__(self, where: str, out: Path) -> None:
+        super().__init__()
+        self.where, self.out = where, out
+
+    def _raise(self) -> None:
+        record["raised_at"] = time.time()
+        save(self.out)
+        raise RuntimeError(f"boom at {self.where}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.where == "first-batch":
+            self._raise()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.where == "epoch-1-end" and epoch == 1:
+            self._raise()
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -203,6 +224,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tensorboard-update-freq", default="epoch", help="the TensorBoard callback's update_freq")
     parser.add_argument("--no-log-tensorboard", action="store_true", help="autolog(log_tensorboard=False)")
     parser.add_argument("--tensorboard-profile-batch", default="0", help="the TensorBoard callback's profile_batch")
+    parser.add_argument("--raise-at", choices=["first-batch", "epoch-1-end"], help="a callback raises out of fit")
     return parser.parse_args()
 
 
@@ -251,6 +273,8 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
         callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
     if args.explicit_callback or extra_logs(args):
         callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
+    if args.raise_at:
+        callbacks.append(Boom(args.raise_at, args.out))
     if args.stray_writers:
         callbacks.append(UserLogging())
     if args.early_stopping:
