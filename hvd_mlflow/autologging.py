@@ -3,9 +3,13 @@
 ``fit`` of every importable Keras flavour's ``Model`` is wrapped once. The wrapper puts a
 :class:`~hvd_mlflow.HorovodMlflowCallback` of the model's own flavour FIRST in the callback list (unless the
 user passed one), in whatever form ``callbacks`` was given (a list, a tuple, a Keras ``CallbackList``), and ends
-a run that hvd-mlflow created as FAILED when ``fit`` raises. ``fit`` never runs silently without the callback
-(the ranks' values and early stopping would disagree): if it cannot be added, ``fit`` raises a clear error on
-every rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
+the fit itself once Keras' ``fit`` has returned (after every callback's ``on_train_end``: TensorBoard's closes its
+files before they are uploaded), or as FAILED when ``fit`` raises (Keras calls no ``on_train_end`` then), also for
+a callback the user passed. ``fit`` never runs silently without the callback
+(the ranks' values and early stopping would disagree): another tool's wrapper of ``fit`` installed before
+``autolog()`` (a plain ``*args, **kwargs`` one too) is read by Keras' own signature and handed the callbacks by
+keyword (:mod:`hvd_mlflow.every_rank.fit_call`); if they cannot be added, ``fit`` raises a clear error on every
+rank before training. Which of this rank's shards (training, validation) are empty is read from ``fit``'s
 arguments and handed to the callback, whose train-begin agreement raises the same error on every rank when any rank's
 is (:mod:`hvd_mlflow.every_rank.shards`); a rank without training data makes only that agreement, not Keras' ``fit``,
 which would refuse it on that rank alone.
@@ -14,7 +18,6 @@ which would refuse it on that rank alone.
 from __future__ import annotations
 
 import functools
-import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,9 +25,9 @@ from typing import Any
 from .callback import HorovodMlflowCallback
 from .common import dependencies, topology
 from .config import AutologOptions
-from .delivery import destination, mlflow_calls
+from .delivery import destination, folder_artifacts, mlflow_calls
 from .errors import HvdMlflowError
-from .every_rank import elastic, keras_flavour, shards, tensorboard
+from .every_rank import elastic, fit_call, keras_flavour, shards, tensorboard
 
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
@@ -85,9 +88,9 @@ def autolog(
             either way.
         log_tensorboard, tensorboard_profile, tensorboard_per_rank: Keras' ``TensorBoard`` callback in ``fit``: only
             rank 0's runs (it shows the global values) unless ``tensorboard_per_rank`` (other ranks write under
-            ``<log_dir>/rank-<N>/``); its folder goes into the run's artifacts under ``tensorboard/`` at the end of
-            ``fit`` (``log_tensorboard``, on), profiler traces only with ``tensorboard_profile`` (see
-            :mod:`hvd_mlflow.every_rank.tensorboard`).
+            ``<log_dir>/rank-<N>/``, left on their disks); the files of rank 0's folder that the ``fit`` wrote go
+            into the run's artifacts under ``tensorboard/`` once Keras' ``fit`` has closed them (``log_tensorboard``,
+            on), profiler traces only with ``tensorboard_profile`` (see :mod:`hvd_mlflow.every_rank.tensorboard`).
 
     Under Horovod elastic (``hvd.elastic.run``), the state of Horovod's ``UpdateEpochStateCallback`` in
     ``fit``'s callbacks is picked up: steps follow the state's epoch and a new rank 0 continues the run.
@@ -128,21 +131,27 @@ def _patch_flavour(flavour: str) -> None:
         return
     if model_class not in _originals:
         _originals[model_class] = model_class.fit
-        model_class.fit = _patched_fit(model_class.fit)
+        model_class.fit = _patched_fit(model_class.fit, model_class)
 
 
-def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
-    signature = inspect.signature(original)
+def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..., Any]:
+    plan = fit_call.FitCall(original, model_class)  # read against Keras' own signature, whatever wraps it
 
     @functools.wraps(original)
     def fit(self, *args: Any, **kwargs: Any) -> Any:
         options = _options
         if options is None:
             return original(self, *args, **kwargs)
-        bound = signature.bind(self, *args, **kwargs)
+        bound = plan.bind(self, args, kwargs)
         given = bound.arguments.get("callbacks")
-        if any(isinstance(cb, HorovodMlflowCallback) for cb in _callbacks_in(given)):
-            return original(self, *args, **kwargs)
+        theirs = [cb for cb in _callbacks_in(given) if isinstance(cb, HorovodMlflowCallback)]
+        if theirs:  # the user's own: ended FAILED here too when fit raises (Keras calls no on_train_end then)
+            try:
+                return original(self, *args, **kwargs)
+            except BaseException as error:
+                for callback in theirs:
+                    _end_raised(callback, error)
+                raise
         empty = shards.empty_parts(bound.arguments)  # this rank's own data: agreed at train begin, never raised here
         try:  # the same on every rank: it either works everywhere or fails everywhere, before any collective
             callback = HorovodMlflowCallback(
@@ -151,33 +160,39 @@ def _patched_fit(original: Callable[..., Any]) -> Callable[..., Any]:
                 elastic_state=elastic.state_from_callbacks(_callbacks_in(given)),
                 options=options,
             )
-            rank = topology.current().rank  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
-            users = tensorboard.for_rank(_callbacks_in(given), rank, options.tensorboard_per_rank)
-            folders = tensorboard.uploads(users) if rank == 0 and options.log_tensorboard else []
-            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty,
-                                        folders=[(f, p, options.tensorboard_profile) for f, p in folders])  # fmt: skip
-            bound.arguments["callbacks"] = _with_first(callback, given, self, users)
+            world = topology.current()  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
+            users = tensorboard.for_rank(_callbacks_in(given), world.rank, options.tensorboard_per_rank)
+            folders = _tensorboard_uploads(users, world.rank, world.size, options)  # rank 0: never raises
+            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty, folders=folders)
+            call_args, call_kwargs = bound.with_callbacks(_with_first(callback, given, self, users))
         except Exception as error:
             raise HvdMlflowError(
                 f"hvd-mlflow could not add its callback to this fit ({type(error).__name__}: {error}); fit does not "
                 "run without it, since the ranks' metrics and early stopping would then disagree. Pass callbacks as "
-                "a list, or call hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
+                "a list, put hvd_mlflow.HorovodMlflowCallback(model=model) first in them yourself, or call "
+                "hvd_mlflow.autolog(disable=True) to train without hvd-mlflow."
             ) from error
         try:
             if shards.TRAINING in empty:  # Keras would raise on this rank alone: the agreement raises on all alike
                 callback._train_begin_without_fit(self, bound.arguments.get("epochs"))
-            return original(*bound.args, **bound.kwargs)
+            return original(*call_args, **call_kwargs)
         except BaseException as error:
-            if elastic.is_reset(error):  # fit runs again after the reset: stop sending, leave the run open
-                callback._after_reset()
-            else:
-                callback._end_fit("FAILED", error)
+            _end_raised(callback, error)
             raise
         finally:
-            callback._end_fit("FINISHED")
+            callback._end_fit("FINISHED")  # after Keras' fit: every callback's on_train_end has run (TensorBoard's)
 
     fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
+
+
+def _end_raised(callback: HorovodMlflowCallback, error: BaseException) -> None:
+    """The end of a fit that raised ``error``: FAILED, or under elastic, a reset: the fit runs again, so sending
+    stops and the run stays open."""
+    if elastic.is_reset(error):
+        callback._after_reset()
+    else:
+        callback._end_fit("FAILED", error)
 
 
 def _callbacks_in(given: Any) -> list[Any]:
@@ -207,6 +222,16 @@ def _with_first(callback: Any, given: Any, model: Any, users: list[Any]) -> Any:
     if not params:
         callback.set_params({})
     return rebuilt
+
+
+def _tensorboard_uploads(users: list[Any], rank: int, size: int, options: AutologOptions) -> list[Any]:
+    """Rank 0: each TensorBoard folder of this fit, with its files as they are now (only what the fit writes is
+    uploaded), never the other ranks' ``rank-<N>/`` (on their disks, perhaps still written)."""
+    if rank != 0 or not options.log_tensorboard:
+        return []
+    skip = tensorboard.other_rank_dirs(size) if options.tensorboard_per_rank else ()
+    return [folder_artifacts.FolderUpload(folder, path, options.tensorboard_profile, folder_artifacts.snapshot(folder),
+                                          skip) for folder, path in tensorboard.uploads(users)]  # fmt: skip
 
 
 def _batch_size(arguments: Mapping[str, Any]) -> int | None:

@@ -40,6 +40,7 @@ from ._log import set_silent
 from .common import dependencies, topology
 from .config import Options
 from .delivery import destination
+from .delivery.folder_artifacts import FolderUpload
 from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, shards, tracing
 from .every_rank.aggregate import Part, Reduced, Reducer, numeric_entries, write_back
 from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
@@ -116,7 +117,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._captured_run_id = run_id or destination.run_id_from_environment()
         self._elastic = elastic.ElasticSession(elastic_state) if elastic_state is not None else None
         self._batch_size: int | None = None
-        self._folders: tuple[tuple[str, str, bool], ...] = ()  # autolog's TensorBoard folders (rank 0)
+        self._folders: tuple[FolderUpload, ...] = ()  # autolog's TensorBoard folders (rank 0)
+        self._ends_after_fit = False  # autolog's: its wrapper ends the fit once Keras' fit has returned
         self._empty_shards: tuple[str, ...] = ()  # this rank's, from fit's arguments (autolog)
         self._comm: collectives.Collectives = collectives.Solo()
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
@@ -293,9 +295,10 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._trace_ahead(epoch)
 
     def on_train_end(self, logs: Mapping[str, Any] | None = None) -> None:
-        self._end_fit("FINISHED")
+        if not self._ends_after_fit:  # under autolog, after every callback's on_train_end (TensorBoard's closes files)
+            self._end_fit("FINISHED")
 
-    # -- the end of a fit (also called by autolog when fit raises) -------------------------------------
+    # -- the end of a fit (called by autolog after Keras' fit) ------------------------------------------
     def _end_fit(self, status: str, error: BaseException | None = None) -> None:
         """Log the model, deliver and close, all within ``flush_timeout`` in total; safe to call twice. ``error``:
         what ``fit`` raised (said on rank 0 before the last delivery, which a launcher may cut short)."""
@@ -317,11 +320,12 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self,
         batch_size: int | None,
         empty_shards: tuple[str, ...] = (),
-        folders: Sequence[tuple[str, str, bool]] = (),
+        folders: Sequence[FolderUpload] = (),
     ) -> None:
         self._batch_size = batch_size
         self._empty_shards = empty_shards
-        self._folders = tuple(folders)  # rank 0: (local folder, artifact path, with profiler traces) to upload
+        self._folders = tuple(folders)  # rank 0: what of TensorBoard's folders to upload at the end
+        self._ends_after_fit = True
 
     def _empty_here(self) -> tuple[str, ...]:
         """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of

@@ -142,13 +142,15 @@ class AutologOptions(Options):
     Attributes:
         guard_other_ranks: MLflow writes from user code on ranks other than 0 do nothing (see
             :mod:`hvd_mlflow.delivery.mlflow_calls`).
-        log_tensorboard: at the end of ``fit`` rank 0 uploads each Keras ``TensorBoard`` callback's log folder into
-            the run's artifacts (``tensorboard/``), within ``flush_timeout``; ``hvd-mlflow sync`` sends what could
+        log_tensorboard: at the end of ``fit`` (after TensorBoard has closed its files) rank 0 uploads the files of
+            each Keras ``TensorBoard`` callback's log folder that this ``fit`` created or changed into the run's
+            artifacts (``tensorboard/``), within ``flush_timeout``; ``hvd-mlflow sync`` sends what could
             not be sent (see :mod:`hvd_mlflow.every_rank.tensorboard`). On by default.
         tensorboard_profile: include the profiler's traces (``plugins/profile/``, from ``profile_batch``) in that
             upload. Off by default: they are often hundreds of MB.
         tensorboard_per_rank: ranks other than 0 keep their ``TensorBoard`` callback, writing into
-            ``<log_dir>/rank-<N>/``. Off by default: only rank 0's callback runs, and it shows the global values.
+            ``<log_dir>/rank-<N>/``, which stays on each rank's disk (never uploaded). Off by default: only rank 0's
+            callback runs, and it shows the global values.
     """
 
     guard_other_ranks: bool = True

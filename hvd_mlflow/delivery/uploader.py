@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from .._log import logger
 from . import batching
 from .batching import EpochRecord
 from .folder_artifacts import files
@@ -203,7 +204,13 @@ class Uploader:
             gone = FileNotFoundError(f"{folder} no longer exists")
             self.isolation.reject(entry, gone, f"the folder for the artifacts {entry.payload['path']}")
             return False
-        for path, sub in files(folder, bool(entry.payload.get("profile"))):
+        listed = entry.payload.get("files")  # the files that fit wrote (journals of older versions: every file)
+        chosen = files(folder, bool(entry.payload.get("profile")), only=listed)
+        if listed is not None and len(chosen) < len(listed):
+            gone = len(listed) - len(chosen)
+            logger.warning("hvd-mlflow: %d of the %d files for the artifacts %s are no longer in %s; the others are "
+                           "uploaded", gone, len(listed), entry.payload["path"], folder)  # fmt: skip
+        for path, sub in chosen:
             target = "/".join(p for p in (entry.payload["path"], sub) if p)
             applied_once(lambda p=path, t=target: self.client.log_artifact(run_id, str(p), t))
         return True

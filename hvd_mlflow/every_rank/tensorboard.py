@@ -6,13 +6,17 @@ So, for each ``fit``:
 
 * **Rank 0's** ``TensorBoard`` writes where it was told, and shows the global values: hvd-mlflow's callback runs
   first and writes the global epoch values back into Keras' logs (batch values are global at the batches
-  ``log_every_n_steps`` reduces, rank 0's own elsewhere). At the end of ``fit`` its folder goes into the run's
-  artifacts under ``tensorboard/`` (``tensorboard/<folder name>/`` for each of several callbacks), sent by the
-  sender within ``flush_timeout`` and journaled, so ``hvd-mlflow sync`` uploads what could not be sent. Profiler
-  traces (``plugins/profile/``, often hundreds of MB) are left out unless ``tensorboard_profile=True``
+  ``log_every_n_steps`` reduces, rank 0's own elsewhere). Once Keras' ``fit`` has called every callback's
+  ``on_train_end`` (TensorBoard's closes its writers and stops its profiler), the files of its folder that this
+  ``fit`` created or changed go into the run's artifacts under ``tensorboard/`` (``tensorboard/<folder name>/`` for
+  each of several callbacks), as they are then on disk: an earlier run's files in a reused folder stay out. They are
+  sent by the sender within ``flush_timeout`` and journaled, so ``hvd-mlflow sync`` uploads what could not be sent.
+  Profiler traces (``plugins/profile/``, often hundreds of MB) are left out unless ``tensorboard_profile=True``
   (:mod:`hvd_mlflow.delivery.folder_artifacts`).
 * **Other ranks** leave their ``TensorBoard`` out of the ``fit`` (one INFO line), or, with
-  ``tensorboard_per_rank=True``, write into ``<log_dir>/rank-<N>/``, never beside rank 0's files.
+  ``tensorboard_per_rank=True``, write into ``<log_dir>/rank-<N>/``, never beside rank 0's files. Those folders
+  stay on each rank's disk (on another node rank 0 cannot see them, and a rank may still be writing when rank 0's
+  ``fit`` ends): they are never uploaded.
 
 ``TensorBoard`` calls no collective, so none of this changes which collectives a rank runs (rule 2). A
 ``HorovodMlflowCallback`` passed by hand sees no other callback: there the user keeps TensorBoard to rank 0.
@@ -57,6 +61,11 @@ def for_rank(callbacks: Sequence[Any], rank: int, per_rank: bool) -> list[Any]:
             logger.info("hvd-mlflow: rank %d runs no TensorBoard callback (rank 0's writes the global values into "
                         "%s; tensorboard_per_rank=True keeps one folder per rank)", rank, callback.log_dir)  # fmt: skip
     return kept
+
+
+def other_rank_dirs(size: int) -> tuple[str, ...]:
+    """The ``rank-<N>`` sub-folders the other ranks of a world of ``size`` write into with ``per_rank``."""
+    return tuple(RANK_DIR.format(rank=rank) for rank in range(1, size))
 
 
 def uploads(callbacks: Iterable[Any]) -> list[tuple[str, str]]:

@@ -129,10 +129,14 @@ class RunLogger:
             self.journal.append("tags", dict(part), durable=False)  # synced by the epoch's commit
         self.sender.notify()
 
-    def log_folder(self, folder: str, path: str, profile: bool) -> None:
+    def log_folder(self, folder: str, path: str, profile: bool, files: list[str] | None = None) -> None:
         """Upload a local folder's files (TensorBoard's event files) under the artifact ``path``, journaled: what
-        cannot be sent before the end is uploaded by ``hvd-mlflow sync`` (the folder must still be there)."""
-        self.journal.append("artifact", {"path": path, "folder": folder, "profile": profile})
+        cannot be sent before the end is uploaded by ``hvd-mlflow sync`` (the folder must still be there). ``files``:
+        only these (paths relative to ``folder``), else every file in it."""
+        payload: dict[str, Any] = {"path": path, "folder": folder, "profile": profile}
+        if files is not None:
+            payload["files"] = files
+        self.journal.append("artifact", payload)
         self.sender.notify()
 
     def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:

@@ -9,14 +9,15 @@ others are called inside one. None of it may decide a collective, and what it ra
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .._log import logger, warn_once
 from ..common.redact import redact
-from ..delivery import destination, journal
+from ..delivery import destination, folder_artifacts, journal
 from ..every_rank import keras_flavour, metric_state, run_params
-from . import model_logging
+from . import exit_hook, model_logging
 from .run_logger import RunLogger
 
 HAND_OVER_WAIT_S = 5.0  # at an elastic reset, how long a request in flight may hold up the restart
@@ -30,7 +31,8 @@ class RankZeroSteps:
     _run_logger: RunLogger | None
     _csv_logger: Any
     _hosts: tuple[str, ...]
-    _folders: tuple[tuple[str, str, bool], ...]
+    _folders: tuple[folder_artifacts.FolderUpload, ...]
+    _cancel_exit_hook: Callable[[], None] | None = None  # while a fit is open on rank 0 (not under elastic)
     model: Any
     options: Any
 
@@ -39,6 +41,9 @@ class RankZeroSteps:
         first_step = 0
         with self._rank0.step("opening the run and the journal", essential=True):
             self._start_logging()
+        if self._logging and self._elastic is None:  # under elastic another rank 0 may continue the run
+            self._drop_exit_hook()
+            self._cancel_exit_hook = exit_hook.while_open(self._end_at_exit)
         with self._rank0.step("reading the optimizer's step"):
             first_step = run_params.optimizer_iterations(self.model) or 0
         if self._logging and every:
@@ -57,6 +62,7 @@ class RankZeroSteps:
         """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
         deadline = time.monotonic() + self.options.flush_timeout
         run_logger = self._run_logger
+        self._drop_exit_hook()
         with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
             run_logger.record_outcome(status)
         if error is not None:  # its traceback comes after the delivery, which mpirun may cut when another rank exits
@@ -73,16 +79,36 @@ class RankZeroSteps:
             with self._rank0.step("logging the model"):
                 if self._logs_models():  # the model gets the budget but a part kept for the last epochs
                     self._log_model(deadline - min(5.0, self.options.flush_timeout / 2), run_logger)
-        with self._rank0.step("the TensorBoard logs"):  # after fit: TensorBoard has closed its files
-            for folder, path, profile in self._folders:
-                run_logger.log_folder(folder, path, profile=profile)
+        with self._rank0.step("the TensorBoard logs"):  # autolog ends the fit after Keras' fit: TensorBoard is closed
+            for upload in self._folders:  # only the files this fit wrote, as they are now
+                run_logger.log_folder(upload.folder, upload.path, upload.profile, folder_artifacts.changed(upload))
         self._close_csv()
         self._run_logger = None
         with self._rank0.step("delivering the last epochs"):
             run_logger.close(status, deadline)
             self.run_id = self.run_id or run_logger.sender.run_id  # a run opened after the last epoch's collective
 
+    def _end_at_exit(self) -> None:
+        """At process exit (:mod:`hvd_mlflow.rank_zero.exit_hook`): a fit that never reached its end (it raised
+        without autolog, or the process exits in it) ends FAILED, its delivery bounded as at any end of a fit."""
+        if self._finished or not self._logging:
+            return
+        logger.warning(
+            "hvd-mlflow: fit did not end (it raised, or the process exits in it): %s; delivering the journal (at "
+            "most %.0f s; if this process is stopped first:  hvd-mlflow sync %s)",
+            "its run ends FAILED" if self._owns_run else "FAILED is recorded, the run (not hvd-mlflow's) is left open",
+            self.options.flush_timeout,
+            self._run_logger.journal.location,
+        )
+        self._end_fit("FAILED")
+
+    def _drop_exit_hook(self) -> None:
+        cancel, self._cancel_exit_hook = self._cancel_exit_hook, None
+        if cancel is not None:
+            cancel()
+
     def _hand_over(self) -> None:
+        self._drop_exit_hook()
         run_logger, self._run_logger = self._run_logger, None
         self._close_csv()
         if run_logger is None:
@@ -97,6 +123,7 @@ class RankZeroSteps:
 
     def _end_cut_fit(self) -> None:
         """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
+        self._drop_exit_hook()
         run_logger, self._run_logger = self._run_logger, None
         self._close_csv()
         if run_logger is not None:
@@ -107,6 +134,7 @@ class RankZeroSteps:
         """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
         run_logger, self._run_logger = self._run_logger, None
         try:
+            self._drop_exit_hook()
             self._close_csv()
             if run_logger is not None:
                 run_logger.stop()

@@ -172,3 +172,55 @@ def test_log_tensorboard_false_uploads_nothing_and_still_keeps_other_ranks_out(t
     assert history(client, run_id, "loss") == pytest.approx(
         expected_global([done.rank(0), done.rank(1)], EPOCHS)["loss"]
     )
+
+
+def file_bytes(folder: Path, leave_out: set[str] = frozenset()) -> dict[str, bytes]:
+    """Every file under ``folder`` by its relative path, with its bytes (``leave_out``: top-level names)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.relative_to(folder).parts[0] not in leave_out}  # fmt: skip
+
+
+def test_the_run_holds_this_fits_event_files_as_closed_and_nothing_else(tmp_path, client):
+    """TensorBoard(update_freq=1) writes a batch summary at every batch, and its profiler (tensorboard_profile) runs
+    until TensorBoard's on_train_end stops it; its log folder already holds an earlier run's files (rank-1/ ones too);
+    with tensorboard_per_rank rank 1 writes into rank-1/. The run's tensorboard/ artifacts are, byte for byte, the
+    files this fit wrote, as they are on disk after fit (every batch summary and the trace in them), and none of the
+    earlier run's nor of rank 1's."""
+    import os
+
+    import tensorflow as tf
+
+    folder = tmp_path / "tb"
+    with tf.summary.create_file_writer(str(folder / "train")).as_default():  # an earlier run's real event file
+        tf.summary.scalar("epoch_loss", 0.5, step=0)
+    by_hand = {"validation/events.out.tfevents.1000.earlier.2.v2": b"an earlier run's validation events",
+               "notes.txt": b"left here by hand", "rank-1/train/events.out.tfevents.1000.earlier": b"r1"}  # fmt: skip
+    for name, content in by_hand.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    for path in folder.rglob("*"):
+        os.utime(path, (1_000_000_000, 1_000_000_000))
+    earlier = file_bytes(folder)
+    run_id = client.create_run(client.create_experiment(f"tb-closed-{uuid.uuid4().hex[:8]}")).info.run_id
+    env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id, "HVD_MLFLOW_TENSORBOARD_PER_RANK": "1",
+           "HVD_MLFLOW_TENSORBOARD_PROFILE": "1"}  # fmt: skip
+    # tf_keras calls TensorBoard's batch hooks only when a callback in the list implements them: log_every_n_steps.
+    # profile_batch=(2, 1000): the profiler runs from batch 2 past the last one, so TensorBoard's on_train_end stops
+    # it, writing its trace (plugins/profile/) and the traced graph (into train/'s event file) only then.
+    done = launch.run(tmp_path, ["--epochs", str(EPOCHS), "--tensorboard", "tb", "--tensorboard-update-freq", "1",
+                                 "--log-every-n-steps", "3", "--tensorboard-profile-batch", "2,1000"],
+                      env=env).check()  # fmt: skip
+    ranks = [done.rank(0), done.rank(1)]
+    local = file_bytes(folder, leave_out={"rank-1"})
+    written = {name: content for name, content in local.items() if name not in earlier}
+    assert {n: local[n] for n in local if n not in written} == {n: c for n, c in earlier.items()
+                                                                 if not n.startswith("rank-1/")}  # fmt: skip
+    assert all(f".{ranks[0]['pid']}." in Path(n).name for n in written if "tfevents" in n), sorted(written)
+    rank1 = [p.name for p in (folder / "rank-1").rglob("events.out.tfevents.*") if "earlier" not in p.name]
+    assert rank1 and all(f".{ranks[1]['pid']}." in n for n in rank1)  # rank 1's own folder, on its disk
+    assert any("/plugins/profile/" in f"/{n}" for n in written), sorted(written)  # the trace stopped at train end
+    batches = EPOCHS * -(-96 // 16)
+    assert len(batch_scalars(folder / "train", "batch_loss")) == batches  # every batch summary is on disk
+    downloaded = Path(client.download_artifacts(run_id, "tensorboard", str(tmp_path / "downloaded")))
+    assert file_bytes(downloaded) == written  # the same names, the same bytes
+    assert len(batch_scalars(downloaded / "train", "batch_loss")) == batches

@@ -202,3 +202,122 @@ def test_samples_per_s_counts_samples_or_is_not_logged(tracking, client, flavour
     assert "samples_per_s" not in client.get_run(custom.info.run_id).data.metrics
     assert "loss" in client.get_run(custom.info.run_id).data.metrics
     assert caplog.text.count("the loss tracker counts batches") == 1
+
+
+def plain_wrapper(fit, calls: list[str]):
+    """What experiment trackers and users' decorators install: a plain ``(self, *args, **kwargs)`` wrapper of fit,
+    without functools.wraps (so nothing says what it wraps)."""
+
+    def fit_wrapper(self, *args, **kwargs):
+        calls.append("wrapper")
+        return fit(self, *args, **kwargs)
+
+    return fit_wrapper
+
+
+@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("installed", ["before autolog", "after autolog"])
+@pytest.mark.parametrize("given", ["by keyword", "positionally"])
+def test_a_plain_fit_wrapper_still_gets_the_callback(tracking, client, monkeypatch, flavour, installed, given):
+    """Another tool's ``*args, **kwargs`` wrapper of Model.fit, installed before or after autolog(): the callback is
+    still first in the list Keras runs, the run holds every epoch of the history, and the wrapper ran."""
+    model, keras = small_model(flavour)
+    spy = Spy(keras, monkeypatch)
+    model_class, calls = keras_flavour.model_class(flavour), []
+    if installed == "before autolog":
+        monkeypatch.setattr(model_class, "fit", plain_wrapper(model_class.fit, calls))
+    hvd_mlflow.autolog()
+    if installed == "after autolog":  # on top of autolog's own: autolog(disable=True) (the fixture) restores fit
+        model_class.fit = plain_wrapper(model_class.fit, calls)
+    early = keras.callbacks.EarlyStopping(monitor="loss", patience=100)
+    x, y = data()
+    if given == "by keyword":
+        history = model.fit(x, y, epochs=3, batch_size=8, callbacks=[early], verbose=0)
+    else:  # fit(x, y, batch_size, epochs, verbose, callbacks, validation_split): Keras' documented order
+        history = model.fit(x, y, 8, 3, 0, [early], 0.25)
+    assert calls == ["wrapper"]
+    assert spy.order == [["HorovodMlflowCallback", "EarlyStopping", "History"]]
+    [run] = runs_of(client, tracking)
+    assert run.info.status == "FINISHED"
+    points = client.get_metric_history(run.info.run_id, "loss")
+    assert sorted((p.step, p.value) for p in points) == [
+        (e, pytest.approx(v)) for e, v in enumerate(history.history["loss"])
+    ]
+    assert run.data.params["batch_size"] == "8" and run.data.params["epochs"] == "3"
+    assert ("val_loss" in run.data.metrics) == (given == "positionally")  # validation_split=0.25 reached Keras
+
+
+@pytest.mark.parametrize("flavour", keras_flavour.importable())
+def test_a_fit_wrapper_that_cannot_take_callbacks_is_refused_before_training(tracking, client, monkeypatch, flavour):
+    """A wrapper with neither a ``callbacks`` parameter nor ``**kwargs``: fit raises HvdMlflowError before Keras
+    starts (no epoch, no run), saying why; with the user's own callback in the list it runs as usual."""
+    model, keras = small_model(flavour)
+    spy = Spy(keras, monkeypatch)
+    model_class = keras_flavour.model_class(flavour)
+    inner = model_class.fit
+
+    def positional_only(self, *args):
+        return inner(self, *args)
+
+    monkeypatch.setattr(model_class, "fit", positional_only)
+    hvd_mlflow.autolog()
+    x, y = data()
+    with pytest.raises(hvd_mlflow.HvdMlflowError, match="no parameter 'callbacks' and no \\*\\*kwargs"):
+        model.fit(x, y, 8, 2, 0)
+    assert spy.order == [] and runs_of(client, tracking) == []
+    model.fit(x, y, 8, 2, 0, [hvd_mlflow.HorovodMlflowCallback(model=model)])
+    assert spy.order == [["HorovodMlflowCallback", "History"]]
+    [run] = runs_of(client, tracking)
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+
+
+def test_the_users_own_callback_under_autolog_ends_failed_when_fit_raises(tracking, client):
+    """Under autolog, a HorovodMlflowCallback the user passed is ended by the wrapper when fit raises (Keras calls
+    no on_train_end then), as autolog's own: FAILED at once, with the epochs that ended."""
+    flavour = keras_flavour.of_tf_keras()
+    model, keras = small_model(flavour)
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == 1:
+                raise RuntimeError("boom")
+
+    hvd_mlflow.autolog()
+    callback = hvd_mlflow.HorovodMlflowCallback(model=model)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(*data(), epochs=5, callbacks=[callback, Boom()], verbose=0)
+    [run] = runs_of(client, tracking)
+    assert run.info.status == "FAILED" and callback.run_id == run.info.run_id
+    assert [p.step for p in client.get_metric_history(run.info.run_id, "loss")] == [0, 1]
+
+
+def test_a_fit_that_ended_leaves_no_exit_hook_behind(tracking, client, monkeypatch):
+    """Rank 0's exit hook (rank_zero/exit_hook.py) lives while a fit is open: none is left after fits that ended,
+    with the bare callback or under autolog; a bare callback's fit that raised keeps one, which ends it FAILED."""
+    import types
+
+    from hvd_mlflow.rank_zero import exit_hook
+
+    hooks: list = []
+    monkeypatch.setattr(exit_hook, "atexit", types.SimpleNamespace(register=hooks.append, unregister=hooks.remove))
+    model, keras = small_model(keras_flavour.of_tf_keras())
+    callback = hvd_mlflow.HorovodMlflowCallback(model=model)
+    model.fit(*data(), epochs=1, callbacks=[callback], verbose=0)
+    model.fit(*data(), epochs=1, callbacks=[callback], verbose=0)
+    hvd_mlflow.autolog()
+    model.fit(*data(), epochs=1, verbose=0)
+    assert hooks == []
+
+    class Boom(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("boom")
+
+    hvd_mlflow.autolog(disable=True)
+    bare = hvd_mlflow.HorovodMlflowCallback(model=model)
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(*data(), epochs=2, callbacks=[bare, Boom()], verbose=0)
+    [hook] = hooks
+    hook()  # what runs at exit
+    assert hooks == [] and client.get_run(bare.run_id).info.status == "FAILED"
+    *ended, failed = sorted(runs_of(client, tracking), key=lambda run: run.info.start_time)
+    assert failed.info.run_id == bare.run_id and ended and all(run.info.status == "FINISHED" for run in ended)

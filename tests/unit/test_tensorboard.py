@@ -41,3 +41,36 @@ def test_profiler_traces_only_when_asked(tmp_path):
                        ("top.txt", "")}  # fmt: skip
     with_traces = {p.relative_to(tmp_path).as_posix() for p, _ in folder_artifacts.files(tmp_path, profile=True)}
     assert "train/plugins/profile/2026_12_01/host.xplane.pb" in with_traces and len(with_traces) == 4
+
+
+def test_only_the_files_a_fit_created_or_changed_are_uploaded_never_other_ranks(tmp_path):
+    import os
+
+    def write(name, content):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(content)
+
+    for name in ("train/events.old", "kept.txt", "grown.txt", "rank-1/train/events.old"):
+        write(name, "before")
+        os.utime(tmp_path / name, ns=(10**18, 10**18))
+    before = folder_artifacts.snapshot(tmp_path)
+    assert before["train/events.old"] == (6, 10**18) and len(before) == 4
+    write("train/events.new", "x")
+    write("grown.txt", "before and after")
+    write("rank-1/train/events.new", "rank 1's")
+    write("rank-10/train/events.new", "not another rank's: a world of 2")
+    write("plugins/profile/run/host.xplane.pb", "trace")
+    upload = folder_artifacts.FolderUpload(str(tmp_path), "tensorboard", False, before, skip=("rank-1",))
+    assert folder_artifacts.changed(upload) == ["grown.txt", "rank-10/train/events.new", "train/events.new"]
+    with_traces = folder_artifacts.FolderUpload(str(tmp_path), "tensorboard", True, before, skip=("rank-1",))
+    listed = folder_artifacts.changed(with_traces)
+    assert "plugins/profile/run/host.xplane.pb" in listed and len(listed) == 4
+    (tmp_path / "grown.txt").unlink()  # gone before the upload: left out
+    sent = folder_artifacts.files(tmp_path, profile=True, only=listed)
+    assert [(p.relative_to(tmp_path).as_posix(), sub) for p, sub in sent] == [
+        ("plugins/profile/run/host.xplane.pb", "plugins/profile/run"),
+        ("rank-10/train/events.new", "rank-10/train"),
+        ("train/events.new", "train"),
+    ]
+    assert folder_artifacts.snapshot(tmp_path / "absent") == {}
+    assert tensorboard.other_rank_dirs(3) == ("rank-1", "rank-2") and tensorboard.other_rank_dirs(1) == ()

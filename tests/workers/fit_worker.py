@@ -6,8 +6,9 @@ did) with what the tests compare against:
   ``CallbackList.on_epoch_end`` before any callback (hvd-mlflow's included) runs: the independent truth;
 * ``history``: what ``model.history`` (the last callback) recorded: must be the global values;
 * ``run_id``: the run id hvd-mlflow's callback holds on this rank (after its last epoch end, or at train end);
-* ``epoch_end_s`` / ``train_begin_s`` / ``train_end_s``: how long the callbacks took at those points (on
-  rank 0 that is the stall hvd-mlflow adds to the training).
+* ``epoch_end_s`` / ``train_begin_s``: how long the callbacks took at those points, ``train_end_s`` from Keras'
+  train-end callbacks until ``fit`` returned (autolog ends the fit after them) (on rank 0 that is the stall
+  hvd-mlflow adds to the training).
 """
 
 from __future__ import annotations
@@ -83,15 +84,22 @@ def spy(args: argparse.Namespace) -> None:
     def timed(name):
         def hook(self, logs=None):
             start = time.perf_counter()
+            record[f"_{name[3:]}_began"] = start
             result = originals[name](self, logs)
             record[f"{name[3:]}_s"] = time.perf_counter() - start
-            if name == "on_train_end":  # a run opened after the last epoch's collective: known at the end
-                for cb in self.callbacks:
-                    if isinstance(cb, hvd_mlflow.HorovodMlflowCallback) and cb.run_id:
-                        record["run_id"] = cb.run_id
             return result
 
         return hook
+
+    end_fit = hvd_mlflow.HorovodMlflowCallback._end_fit
+
+    def recording_end_fit(self, *args, **kwargs):  # a run opened after the last epoch's collective: known at the end
+        result = end_fit(self, *args, **kwargs)
+        if self.run_id:
+            record["run_id"] = self.run_id
+        return result
+
+    hvd_mlflow.HorovodMlflowCallback._end_fit = recording_end_fit
 
     if args.log_every_n_steps:
         original_batch_end = callback_list.on_train_batch_end
@@ -165,6 +173,27 @@ class Extra(keras.callbacks.Callback):
             logs["a@b"], logs["a(b"] = 1.0, 2.0
 
 
+class Boom(keras.callbacks.Callback):
+    """Raises out of fit (placed after hvd-mlflow's callback): at the first batch, or at the end of epoch 1."""
+
+    def __init__(self, where: str, out: Path) -> None:
+        super().__init__()
+        self.where, self.out = where, out
+
+    def _raise(self) -> None:
+        record["raised_at"] = time.time()
+        save(self.out)
+        raise RuntimeError(f"boom at {self.where}")
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.where == "first-batch":
+            self._raise()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.where == "epoch-1-end" and epoch == 1:
+            self._raise()
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, required=True)
@@ -194,6 +223,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every rank, into this folder")
     parser.add_argument("--tensorboard-update-freq", default="epoch", help="the TensorBoard callback's update_freq")
     parser.add_argument("--no-log-tensorboard", action="store_true", help="autolog(log_tensorboard=False)")
+    parser.add_argument("--tensorboard-profile-batch", default="0", help="the TensorBoard callback's profile_batch")
+    parser.add_argument("--raise-at", choices=["first-batch", "epoch-1-end"], help="a callback raises out of fit")
     return parser.parse_args()
 
 
@@ -242,14 +273,17 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
         callbacks.append(Extra(args.extra_metrics, args.odd_names, args.collision, args.epoch_sleep))
     if args.explicit_callback or extra_logs(args):
         callbacks.append(hvd_mlflow.HorovodMlflowCallback(model=model, **options))
+    if args.raise_at:
+        callbacks.append(Boom(args.raise_at, args.out))
     if args.stray_writers:
         callbacks.append(UserLogging())
     if args.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
     if args.tensorboard:  # as users add it: on every rank, into one shared folder
-        freq = args.tensorboard_update_freq
+        freq, profile = args.tensorboard_update_freq, args.tensorboard_profile_batch
         callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard, update_freq=int(freq) if freq.isdigit()
-                                                     else freq))  # fmt: skip
+                                                     else freq, profile_batch=int(profile) if profile.isdigit()
+                                                     else tuple(int(b) for b in profile.split(","))))  # fmt: skip
     return callbacks
 
 
@@ -300,6 +334,7 @@ def main() -> None:
     validation = None if args.no_validation else (xv, yv)
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=validation, callbacks=callbacks,
                         verbose=0, initial_epoch=args.initial_epoch)  # fmt: skip
+    record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
         more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,
