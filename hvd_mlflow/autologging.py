@@ -57,6 +57,7 @@ def autolog(
     log_tensorboard: bool | None = None,
     tensorboard_profile: bool | None = None,
     tensorboard_per_rank: bool | None = None,
+    allow_world_of_one: bool | None = None,
 ) -> None:
     """Log global per-epoch metrics of every Keras ``fit`` to MLflow, from rank 0 only.
 
@@ -79,7 +80,7 @@ def autolog(
         disable: undo a previous ``autolog()``: ``fit`` is restored.
         reduction, silent, extra_tags, extra_params, flush_timeout, run_wait, journal_dir, csv_path,
             log_every_n_steps, rank_spread, resume, log_models, max_metric_names, max_rows_per_metric,
-            check_divergence, system_metrics: the options of the callback, each described once in
+            check_divergence, system_metrics, allow_world_of_one: the options of the callback, each described once in
             :class:`hvd_mlflow.config.Options` (and in docs/reference.md, checked against it); each defaults to
             its ``HVD_MLFLOW_<NAME>`` environment variable, then to the documented default.
         guard_other_ranks: on ranks other than 0, every MLflow write does nothing (one warning each), since every

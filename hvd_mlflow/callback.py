@@ -165,10 +165,9 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             self._elastic.fit_begins()
         if self._run_logger is not None:  # the previous fit was cut: a reset (whoever is rank 0 now replays it),
             self._hand_over() if self._elastic is not None else self._end_cut_fit()  # or it raised, without autolog
-        hvd = topology.horovod_if_initialised()
-        if hvd is not None:  # every process of the job sees the same launcher and Horovod world: raised by all alike
-            topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built())
-        self._comm = collectives.current()
+        # the engine: Horovod, the model's multi-worker tf.distribute strategy, or one process (alike everywhere);
+        # a launcher's world that the training does not see raises on every process alike
+        self._comm = collectives.for_fit(self.model, self.options.allow_world_of_one)
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
         self._begin_fit_state()

@@ -63,6 +63,11 @@ class Options:
         system_metrics: every rank samples its CPU, memory (and GPU) in a thread; rank 0 logs their minimum, mean
             and maximum over ranks and the rank of the maximum as ``system/...`` (see
             :mod:`hvd_mlflow.every_rank.system_metrics`). Off by default.
+        allow_world_of_one: each process is meant to train alone although its launcher started several (an MPI
+            launcher's world larger than Horovod's, as with ``hvd.init(comm=...)``; or ``TF_CONFIG`` naming several
+            workers for a model built outside ``strategy.scope()``). Off by default: such a job is refused at train
+            begin on every process, since every process would log as rank 0 into the same run (see
+            :mod:`hvd_mlflow.common.topology`).
     """
 
     reduction: str = "exact"
@@ -81,6 +86,7 @@ class Options:
     max_rows_per_metric: int | None = None
     check_divergence: bool = True
     system_metrics: bool = False
+    allow_world_of_one: bool = False
 
     @classmethod
     def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:

@@ -21,8 +21,10 @@ class OptionsMismatchError(HvdMlflowError):
 
 
 class LauncherMismatchError(HvdMlflowError):
-    """The launcher started more processes than Horovod sees (Horovod without MPI under ``mpirun``): each process
-    would train alone as rank 0 and log its own values into the job's run. Raised by every process at train begin."""
+    """The launcher started more processes than the training sees (Horovod without MPI, or with another MPI, under an
+    MPI launcher; ``TF_CONFIG`` naming several workers for a model built outside a multi-worker ``strategy.scope()``):
+    each process would train alone as rank 0 and log its own values into the job's run. Raised by every process at
+    train begin."""
 
 
 class EmptyShardError(HvdMlflowError, ValueError):

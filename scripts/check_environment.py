@@ -1,15 +1,25 @@
 """The end of scripts/setup-env.sh: the pinned stack imports together (Horovod against this TensorFlow), and Horovod
-has the controllers the environment promises (``check_environment.py mpi-gloo``: MPI and Gloo)."""
+has the controllers the environment promises (``check_environment.py mpi-gloo``: MPI and Gloo; ``none``: a row
+without Horovod, where it must not be importable)."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
-import horovod
-import horovod.tensorflow  # noqa: F401 - importing it is the check: a Horovod built against another TF fails here
 import mlflow
 import numpy
 import tensorflow as tf
+
+if len(sys.argv) > 1 and sys.argv[1] == "none":
+    if importlib.util.find_spec("horovod") is not None:
+        sys.exit("horovod is installed in a row that must run without it")
+    print(f"tensorflow {tf.__version__} | no horovod | mlflow {mlflow.__version__} | numpy {numpy.__version__}",
+          file=sys.stderr)  # fmt: skip
+    sys.exit(0)
+
+import horovod  # noqa: E402
+import horovod.tensorflow  # noqa: E402 - importing it is the check: a Horovod built against another TF fails here
 
 print(f"tensorflow {tf.__version__} | horovod {horovod.__version__} | mlflow {mlflow.__version__} | numpy "
       f"{numpy.__version__}", file=sys.stderr)  # fmt: skip

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Create (or bring up to date) a virtual environment for one row of the support matrix.
 #
-#   scripts/setup-env.sh [tf2.16|newest|oldest]   # default tf2.16; prints the venv's path on the last line
+#   scripts/setup-env.sh [tf2.16|newest|oldest|tfdistribute]   # default tf2.16; prints the venv's path last
 #
 # The rows (docs/support-matrix.md): tf2.16 = AzureML today (.venv), newest = plain MLflow, newest (.venv-newest),
-# oldest = the oldest versions declared (.venv-oldest).
+# oldest = the oldest versions declared (.venv-oldest), tfdistribute = tf.distribute on the newest TensorFlow, no
+# Horovod (.venv-tfdistribute).
 # Everything is pinned by requirements/<matrix>.txt, used as a constraints file in every pip call. A line
 #   # setup-env: python=python3.10 controllers=gloo extras=test,azureml
 # in that file picks the Python, Horovod's controllers and hvd-mlflow's extras (defaults: python3.11; mpi-gloo for
-# tf2.16, else gloo; test,azureml).
+# tf2.16, else gloo; test,azureml). A row without a horovod pin has no Horovod (controllers=none).
 # Horovod 0.28.1 is source-only: it is compiled against the venv's TensorFlow, and the wheel is cached
 # outside the clone, keyed by Python and TensorFlow versions ($HVD_MLFLOW_CACHE, default
 # ~/.cache/hvd-mlflow), and controllers. With an empty cache it is built from source (3-5 minutes on 2 cores).
@@ -59,8 +60,9 @@ fi
 # Horovod, compiled against this TensorFlow (cached by Python + TensorFlow version).
 hvd=$(pin horovod)
 pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-case "$controllers" in mpi-gloo) mpi_flag=HOROVOD_WITH_MPI=1 ;; gloo) mpi_flag=HOROVOD_WITHOUT_MPI=1 ;;
-  *) echo "unknown controllers '$controllers' in $constraints (mpi-gloo or gloo)" >&2; exit 2 ;; esac
+[ -n "$hvd" ] || controllers=none
+case "$controllers" in mpi-gloo) mpi_flag=HOROVOD_WITH_MPI=1 ;; gloo) mpi_flag=HOROVOD_WITHOUT_MPI=1 ;; none) ;;
+  *) echo "unknown controllers '$controllers' in $constraints (mpi-gloo, gloo or none)" >&2; exit 2 ;; esac
 cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf-$controllers"
 apt_install() {  # what [package...]: Debian packages when root, else say what is missing
   local what=$1; shift
@@ -74,7 +76,9 @@ apt_install() {  # what [package...]: Debian packages when root, else say what i
 if [ "$controllers" = mpi-gloo ] && ! command -v mpicxx >/dev/null; then
   apt_install "horovod with MPI" openmpi-bin libopenmpi-dev
 fi
-if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
+if [ "$controllers" = none ]; then
+  log "no horovod in this row"
+elif ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
   log "building horovod $hvd ($controllers) against tensorflow $tf (no cached wheel in $cache); this takes minutes"
   if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
     apt_install "compiling horovod (the system's cmake 3.x, not the PyPI 4.x wheel)" cmake g++
@@ -89,7 +93,7 @@ if ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
   mv "$tmp"/horovod-*.whl "$cache"/
   rm -rf "$tmp"
 fi
-pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
+[ "$controllers" = none ] || pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
 
 log "installing hvd-mlflow (editable) with the extras $extras"
 pip install -c "$constraints" -e "$root[$extras]"

@@ -3,6 +3,12 @@
 Horovod is asked when it is initialised; otherwise the launcher's environment is read (Open MPI as AzureML's
 MPI jobs use it, PMI, torchrun-style ``RANK``/``WORLD_SIZE``, ``TF_CONFIG``), so the answer is right even
 before ``hvd.init()``. Horovod is never imported here: only consulted when the user imported it.
+
+``TF_CONFIG`` (tf.distribute's multi-worker set-up, as AzureML's ``distribution: type: tensorflow`` jobs write it)
+ranks the training tasks as tf.distribute itself does (:func:`rank_in_cluster`): the chief first, then the workers,
+so rank 0 is the chief, or worker 0 when there is none. The same function ranks the workers of a
+MultiWorkerMirroredStrategy (:mod:`hvd_mlflow.every_rank.collectives`): the rank that logs and the rank the guard of
+the user's MLflow calls lets write are the same process.
 """
 
 from __future__ import annotations
@@ -24,9 +30,47 @@ class Topology:
     local_rank: int
     source: str
 
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
+
+TRAINING_TASKS = ("chief", "worker")  # the tasks that run fit together under MultiWorkerMirroredStrategy
+
+
+@dataclasses.dataclass(frozen=True)
+class TfCluster:
+    """What ``TF_CONFIG`` says of this process."""
+
+    rank: int  # among the training tasks, in tf.distribute's order (chief 0); others (evaluator, ps) rank after them
+    size: int  # training tasks: chiefs and workers
+    task_type: str
+    parameter_servers: bool  # a ParameterServerStrategy cluster: only its coordinator (the chief) runs fit
+
+
+def rank_in_cluster(cluster: Mapping[str, Sequence[object]], task_type: str, index: int) -> int:
+    """tf.distribute's own order of a cluster's tasks (``multi_worker_util.id_in_cluster``): the chief is 0, worker
+    ``i`` is ``i`` + the number of chiefs; any other task ranks after every training task."""
+    chiefs = len(cluster.get("chief", []))
+    if task_type == "chief":
+        return index
+    if task_type == "worker":
+        return index + chiefs
+    return chiefs + len(cluster.get("worker", [])) + index
+
+
+def tf_cluster(environ: Mapping[str, str] | None = None) -> TfCluster | None:
+    """This process's place in the cluster ``TF_CONFIG`` describes, or ``None`` without (or with an unreadable)
+    ``TF_CONFIG``."""
+    environ = os.environ if environ is None else environ
+    if "TF_CONFIG" not in environ:
+        return None
+    try:
+        config = json.loads(environ["TF_CONFIG"])
+        cluster = config.get("cluster", {}) or {}
+        task = config.get("task", {}) or {}
+        task_type = str(task.get("type", "worker"))
+        rank = rank_in_cluster(cluster, task_type, int(task.get("index", 0)))
+        size = sum(len(cluster.get(kind, [])) for kind in TRAINING_TASKS)
+        return TfCluster(rank, max(size, 1), task_type, bool(cluster.get("ps")))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def horovod_if_initialised():
@@ -63,18 +107,9 @@ def from_environment(environ: Mapping[str, str]) -> Topology:
             rank = int(environ[rank_var])
             size = int(environ.get(size_var, rank + 1))
             return Topology(rank, size, int(environ.get(local_var, rank)), source)
-    if "TF_CONFIG" in environ:
-        try:
-            config = json.loads(environ["TF_CONFIG"])
-            task = config.get("task", {})
-            cluster = config.get("cluster", {})
-            chiefs = len(cluster.get("chief", []))
-            workers = len(cluster.get("worker", []))
-            index = int(task.get("index", 0))
-            rank = index if task.get("type") == "chief" else index + chiefs
-            return Topology(rank, max(chiefs + workers, 1), 0, "tf-config")
-        except (ValueError, TypeError, AttributeError):
-            pass
+    cluster = tf_cluster(environ)
+    if cluster is not None:
+        return Topology(cluster.rank, cluster.size, 0, "tf-config")
     return Topology(0, 1, 0, "single-process")
 
 
@@ -93,21 +128,55 @@ def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] 
 
 
 def check_horovod_world(
-    horovod_size: int, environ: Mapping[str, str] | None = None, *, mpi_built: bool = False
+    horovod_size: int, environ: Mapping[str, str] | None = None, *, mpi_built: bool = False, allowed: bool = False
 ) -> None:
-    """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and a Horovod built
-    without MPI sees one (an MPI-built Horovod in a world of one was asked for it: ``hvd.init(comm=...)``).
+    """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and Horovod sees a world
+    of one in each: a Horovod built without MPI, or with an MPI other than the launcher's (an Open MPI build under
+    MPICH's or Intel's ``mpiexec``). ``allowed``: a world of one was asked for (``hvd.init(comm=...)``; the option
+    ``allow_world_of_one``).
 
     Every process of such a job sees the same numbers and the same build, so every process raises alike (rule 2)."""
     world = launcher_world(environ)
-    if world is None or horovod_size != 1 or world[0] <= 1 or mpi_built:
+    if world is None or horovod_size != 1 or world[0] <= 1 or allowed:
         return
     size, launcher = world
+    why = (
+        "this Horovod was built with MPI, but not with the launcher's MPI (an Open MPI build under MPICH's or Intel's "
+        "mpiexec initialises each process alone)"
+        if mpi_built
+        else "this Horovod was built without MPI"
+    )
+    fix = (
+        "Launch with the MPI Horovod was built against (`horovodrun --check-build`; `mpirun --version`), or build "
+        "Horovod against this launcher's MPI"
+        if mpi_built
+        else "Build Horovod with MPI (HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 pip install --no-cache-dir horovod; "
+        "`horovodrun --check-build` lists MPI)"
+    )
     raise LauncherMismatchError(
-        f"hvd-mlflow: {launcher} started {size} processes, but Horovod sees a world of 1 in each: this Horovod was "
-        "built without MPI, so every process would train alone as rank 0 and log its own local values into the same "
-        "run. Build Horovod with MPI (HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 pip install --no-cache-dir "
-        "horovod; `horovodrun --check-build` lists MPI), or launch with `horovodrun --gloo`."
+        f"hvd-mlflow: {launcher} started {size} processes, but Horovod sees a world of 1 in each: {why}, so every "
+        f"process would train alone as rank 0 and log its own local values into the same run. {fix}, or launch with "
+        "`horovodrun --gloo`. If each process is meant to train alone (hvd.init(comm=...)), pass "
+        "allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1)."
+    )
+
+
+def check_tf_config_world(
+    engine_size: int, strategy: str, environ: Mapping[str, str] | None = None, *, allowed: bool = False
+) -> None:
+    """Raise :class:`LauncherMismatchError` when ``TF_CONFIG`` names several training tasks (chief and workers) but
+    the model trains in a world of one: it was built outside a multi-worker ``strategy.scope()``, so every worker
+    trains alone. Not for a ParameterServerStrategy cluster (there only the chief runs ``fit``). Every worker has
+    the same ``TF_CONFIG`` cluster and the same code, so every worker raises alike (rule 2)."""
+    cluster = tf_cluster(environ)
+    if cluster is None or cluster.size <= 1 or cluster.parameter_servers or engine_size != 1 or allowed:
+        return
+    raise LauncherMismatchError(
+        f"hvd-mlflow: TF_CONFIG names {cluster.size} workers, but this model's distribution strategy is {strategy}, "
+        "which spans this process alone: the model was built outside `strategy.scope()`, so every worker would "
+        "train alone on its own data and log its own values into the same run. Build and compile the model inside "
+        "`with tf.distribute.MultiWorkerMirroredStrategy().scope():` (created once, before the model), or pass "
+        "allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each worker is meant to train alone."
     )
 
 

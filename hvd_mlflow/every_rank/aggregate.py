@@ -191,10 +191,11 @@ class Reducer:
                 else:
                     total, per_rank = self._comm.allreduce_sum(vector, name=f"hvd_mlflow.{tag}"), None
             except Exception as error:
-                # Horovod refuses vectors of different lengths on every rank alike ("Mismatched ..."): then, and
-                # only then, every rank gathers the layouts to say which keys differ. Any other error (an elastic
-                # reset, a failure of this rank alone) is raised as it is: no rank calls a collective alone.
-                if "Mismatched" in str(error):
+                # Horovod refuses vectors of different lengths on every rank alike ("Mismatched ..."), and so does
+                # tf.distribute ("Shape mismatch"): then, and only then, every rank gathers the layouts to say which
+                # keys differ. Any other error (an elastic reset, a failure of this rank alone) is raised as it is:
+                # no rank calls a collective alone.
+                if "Mismatched" in str(error) or "Shape mismatch" in str(error):
                     self._raise_if_layouts_differ(keys, layout, tag)
                 raise
         size = self._comm.size
@@ -304,7 +305,14 @@ class Reducer:
         return out, train_samples, set()
 
     def _raise_if_layouts_differ(self, keys: list[str], layout: list[str], tag: str) -> None:
-        gathered = self._comm.allgather_object((keys, layout), name=f"hvd_mlflow.{tag}.keys")
+        try:
+            gathered = self._comm.allgather_object((keys, layout), name=f"hvd_mlflow.{tag}.keys")
+        except Exception as error:  # an engine that aborts every collective after a mismatch (tf.distribute)
+            raise MetricKeyMismatchError(
+                "hvd-mlflow: ranks reported metric layouts of different sizes at epoch end, so they cannot be "
+                f"combined, and the other ranks' keys cannot be gathered ({type(error).__name__}); this rank's: "
+                f"{', '.join(keys)}"
+            ) from error
         if any(other_keys != keys for other_keys, _ in gathered):
             raise MetricKeyMismatchError(mismatch_message([other_keys for other_keys, _ in gathered]))
         if any(other_layout != layout for _, other_layout in gathered):

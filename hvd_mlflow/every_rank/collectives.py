@@ -1,22 +1,38 @@
-"""The few collectives hvd-mlflow needs, on Horovod's ``horovod.tensorflow`` primitives.
+"""The engine: the few collectives hvd-mlflow needs, on the training's own communication layer.
 
-Horovod's Keras layer is broken on Keras 3, so only ``allreduce``, ``allgather``, ``allgather_object`` and
-``broadcast_object`` are used. With one process, or Horovod not initialised, :class:`Solo` stands in and
-nothing is communicated.
+Which one (:func:`current`), the same on every process by construction (rule 2):
+
+* :class:`Horovod` when Horovod is initialised with more than one process: ``horovod.tensorflow``'s ``allreduce``,
+  ``allgather``, ``allgather_object`` and ``broadcast_object`` (Horovod's Keras layer is broken on Keras 3);
+* else :class:`TfDistribute` when the model's ``distribute_strategy`` spans several workers (MultiWorkerMirrored,
+  collective all-reduce, as AzureML's ``distribution: type: tensorflow`` jobs run it): the strategy's own
+  cross-worker collectives carry everything, with no second communication layer. Its workers are ranked as
+  tf.distribute ranks them (the chief is rank 0: :func:`hvd_mlflow.common.topology.rank_in_cluster`);
+* else :class:`Solo`: one process, nothing is communicated.
+
+Every process of a job runs the same code with the same launcher and the same model, so every process picks the
+same engine.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..common import topology
+from ..errors import HvdMlflowError
+from . import keras_flavour
 
 
 class Collectives(Protocol):
     rank: int
     size: int
+    engine: str  # which communication layer, as hvd-mlflow names it: "horovod", "tf.distribute", "single process"
+    # Keras' logs hold every rank's global values already (tf.distribute reads metric states summed over workers):
+    # each rank's own values are computed from its own metric state where a reduction needs them
+    logs_are_global: bool
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
     def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
@@ -29,6 +45,8 @@ class Solo:
 
     rank = 0
     size = 1
+    engine = "single process"
+    logs_are_global = False
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
@@ -45,6 +63,9 @@ class Solo:
 
 class Horovod:
     """The collectives of an initialised ``horovod.tensorflow``."""
+
+    engine = "horovod"
+    logs_are_global = False
 
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
@@ -67,9 +88,115 @@ class Horovod:
         return self._hvd.broadcast_object(obj, root_rank=0, name=name)
 
 
-def current() -> Collectives:
-    """Horovod's collectives when it is initialised with more than one process, else :class:`Solo`."""
+class TfDistribute:
+    """The collectives of a multi-worker ``tf.distribute`` strategy, each worker counted once.
+
+    ``strategy.reduce`` of a plain tensor (not a per-replica value) goes to the strategy's host collective, whose
+    group is the workers: a float64 sum-allreduce over workers, however many replicas each has (5 ms for 20 values
+    between two CPU workers here). Gathers are sums of a matrix in which each worker fills its own row (one
+    collective, the same shape on every worker); objects travel pickled, their lengths gathered first. The calls
+    must come in the same order on every worker (rule 2), as every collective of the strategy's own: a worker that
+    does not call hangs the others until ``CommunicationOptions(timeout_seconds=...)``, and workers whose vectors
+    differ in length all fail at once (the strategy then aborts every later collective).
+    """
+
+    engine = "tf.distribute"
+    logs_are_global = True
+
+    def __init__(self, strategy: Any, rank: int, size: int) -> None:
+        self._strategy = strategy
+        self.rank, self.size = rank, size
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        import tensorflow as tf
+
+        out = self._strategy.reduce(tf.distribute.ReduceOp.SUM, tf.constant(values, tf.float64), axis=None)
+        return np.asarray(out.numpy(), dtype=values.dtype)
+
+    def allgather(self, values: np.ndarray, name: str) -> np.ndarray:
+        """Every worker's 1-D ``values``, concatenated in rank order (lengths may differ)."""
+        lengths = self._rows(np.array([float(values.size)]), name).reshape(-1).astype(int)
+        padded = np.zeros(int(lengths.max()), dtype=np.float64)
+        padded[: values.size] = values
+        rows = self._rows(padded, name)
+        return np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)]).astype(values.dtype)
+
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths = self._rows(np.array([float(data.size)]), name).reshape(-1).astype(int)
+        padded = np.zeros(int(lengths.max()), dtype=np.float64)
+        padded[: data.size] = data
+        rows = self._rows(padded, name).astype(np.uint8)
+        return [pickle.loads(row[:n].tobytes()) for row, n in zip(rows, lengths, strict=True)]
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return self.allgather_object(obj if self.rank == 0 else None, name)[0]
+
+    def _rows(self, values: np.ndarray, name: str) -> np.ndarray:
+        """One row per worker, in rank order: each worker's ``values`` (all of the same length) in its own row of a
+        zero matrix, summed over workers."""
+        matrix = np.zeros((self.size, values.size), dtype=np.float64)
+        matrix[self.rank] = values
+        return self.allreduce_sum(matrix.reshape(-1), name).reshape(self.size, values.size)
+
+
+def multi_worker_strategy(model: Any) -> tuple[Any, int, int] | None:
+    """``(strategy, rank, size)`` when ``model`` trains under a tf.distribute strategy that spans several workers
+    (MultiWorkerMirrored: collective all-reduce), else ``None``. From the model's own strategy and its cluster, the
+    same on every worker."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or type(getattr(strategy, "extended", None)).__name__ != "CollectiveAllReduceExtended":
+        return None
+    resolver = strategy.cluster_resolver
+    cluster = resolver.cluster_spec().as_dict() if resolver is not None else {}
+    size = sum(len(cluster.get(kind, [])) for kind in topology.TRAINING_TASKS)
+    if size <= 1:
+        return None
+    return strategy, topology.rank_in_cluster(cluster, resolver.task_type, int(resolver.task_id or 0)), size
+
+
+def strategy_name(model: Any) -> str:
+    """The class name of ``model``'s tf.distribute strategy (``"no strategy"`` when TensorFlow has none here)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    return type(strategy).__name__ if strategy is not None else "no strategy"
+
+
+def check_strategy(model: Any) -> None:
+    """Raise :class:`~hvd_mlflow.errors.HvdMlflowError` for a Keras 3 model under a multi-worker strategy: Keras 3
+    cannot train with MultiWorkerMirroredStrategy (keras-team/keras#20585: its ``fit`` fails at its first step, or,
+    patched, logs each worker's own values). Every worker has the same model: raised by all alike, before training."""
+    if multi_worker_strategy(model) is None or keras_flavour.of_model(model) != "keras":
+        return
+    if not keras_flavour.version("keras").startswith("3"):
+        return
+    raise HvdMlflowError(
+        "hvd-mlflow: Keras 3 cannot train with MultiWorkerMirroredStrategy (keras-team/keras#20585), so this fit is "
+        "refused on every worker. Use tf_keras, the Keras 2 that TensorFlow keeps for it: pip install "
+        "tf-keras==<your TensorFlow's version> and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (AzureML's "
+        "TensorFlow images set it), then build the model with tf.keras."
+    )
+
+
+def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
+    """The engine of one ``fit`` (:func:`current`), after the checks every process makes alike from its launcher
+    and its model: an MPI launcher's world larger than Horovod's, ``TF_CONFIG`` naming several workers for a model
+    that trains alone, Keras 3 under a multi-worker strategy. Each raises on every process at train begin."""
+    hvd = topology.horovod_if_initialised()
+    if hvd is not None:
+        topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built(), allowed=allow_world_of_one)
+    check_strategy(model)
+    found = current(model)
+    topology.check_tf_config_world(found.size, strategy_name(model), allowed=allow_world_of_one)
+    return found
+
+
+def current(model: Any = None) -> Collectives:
+    """Horovod's collectives when it is initialised with more than one process, else ``model``'s multi-worker
+    tf.distribute strategy's, else :class:`Solo`."""
     hvd = topology.horovod_if_initialised()
     if hvd is not None and hvd.size() > 1:
         return Horovod(hvd)
+    found = multi_worker_strategy(model) if model is not None else None
+    if found is not None:
+        return TfDistribute(*found)
     return Solo()

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._log import warn_once
+from . import replica_local
 from .tracing import Traced
 
 
@@ -107,6 +108,8 @@ ADDITIVE_ATTRIBUTE = "hvd_mlflow_additive"
 def is_additive(metric: Any) -> bool:
     """Whether ``metric``'s state adds up over ranks: declared with ``hvd_mlflow_additive``, else whether it keeps
     the state of a built-in Keras metric (user code neither updates nor reads it)."""
+    if not replica_local.adds_over_workers(metric):  # tf.distribute keeps its copies in step: each holds the total
+        return False
     declared = getattr(metric, ADDITIVE_ATTRIBUTE, None)
     if declared is not None:
         return bool(declared)
@@ -123,22 +126,29 @@ def inexact_keys(model: Any) -> set[str]:
     gives them, per output): their variables are set to three fixed probe states, and the results that move are
     theirs. The probes are the same on every rank (never this rank's own state), so every rank finds the same keys;
     the state is restored. If a probe cannot be computed, every key counts as inexact (on every rank alike)."""
-    variables = [v for m in non_additive_metrics(model) for v in m.variables]
-    if not variables or not hasattr(model, "get_metrics_result"):
+    probed = {id(v) for m in non_additive_metrics(model) for v in m.variables}
+    variables = _variables(model)
+    if not probed or not hasattr(model, "get_metrics_result"):
         return set()
-    saved = [_numpy(v) for v in variables]
+    computer = _computer(model, variables)
+    own = computer._read_eagerly()
+    probes = []
+    for probe in range(3):
+        state, offset = own.copy(), 0
+        for index, (variable, (shape, dtype)) in enumerate(zip(variables, computer._layout, strict=True)):
+            size = int(np.prod(shape, dtype=np.int64))
+            if id(variable) in probed:
+                state[offset : offset + size] = _probe(np.zeros(shape, dtype), probe, index).ravel()
+            offset += size
+        probes.append(state)
     try:
-        probes = []
-        for probe in range(3):
-            for index, (variable, value) in enumerate(zip(variables, saved, strict=True)):
-                variable.assign(_probe(value, probe, index))
-            probes.append(_results(model))
+        results = computer._run_eagerly(probes, own)
     except Exception:  # noqa: BLE001 - a user metric that cannot take the probe: weighted, everywhere alike
-        return set(probes[0]) if probes else set()
-    finally:
-        for variable, value in zip(variables, saved, strict=True):
-            variable.assign(value)
-    return {k for k, v in probes[0].items() if any(not _same(v, other.get(k)) for other in probes[1:])}
+        try:
+            return set(computer._run_eagerly([own], own)[0])
+        except Exception:  # noqa: BLE001 - nor its own state: nothing to weigh either
+            return set()
+    return {k for k, v in results[0].items() if any(not _same(v, other.get(k)) for other in results[1:])}
 
 
 def _probe(value: np.ndarray, probe: int, index: int) -> np.ndarray:
@@ -161,10 +171,15 @@ def _numpy(variable: Any) -> np.ndarray:
     return np.asarray(variable.numpy() if hasattr(variable, "numpy") else variable)
 
 
+def _local(variable: Any) -> np.ndarray:
+    """This rank's value of a metric variable: under tf.distribute the sum of its local copies (no collective)."""
+    return sum(_numpy(copy) for copy in replica_local.components(variable))
+
+
 def samples(model: Any) -> float:
-    """How many samples the model's metrics cover now (the loss tracker's count), 1 if unknown."""
+    """How many samples the model's metrics cover now on this rank (the loss tracker's count), 1 if unknown."""
     count = _loss_count(model)
-    return float(_numpy(count)) if count is not None else 1.0
+    return float(_local(count)) if count is not None else 1.0
 
 
 def _loss_count(model: Any) -> Any:
@@ -242,11 +257,13 @@ class _Computer:
         self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
         self._snapshot: Any = None  # reads each variable as an eager tensor (False: these variables cannot)
         self._raw: list[Any] | None = None  # the TensorFlow variables behind the metric variables (eager assigns)
+        # tf.distribute: this worker's copies are read, and results computed in replica context (replica_local.py)
+        self._strategy = replica_local.strategy_of(self.variables)
 
     def read(self) -> np.ndarray:
         """This rank's state, flat, as float64."""
         self._last_read = None
-        if not self._eager:
+        if not self._eager and self._strategy is None:
             try:
                 if self._reader is None:
                     self._reader = _compiled_reader(self.variables).get_concrete_function()
@@ -263,7 +280,7 @@ class _Computer:
         on write, so later steps do not change the tensors; :func:`_flat` makes them one float64 vector."""
         self._last_read = None
         if self._snapshot is None:
-            self._snapshot = _snapshot_reader(self.variables) or False
+            self._snapshot = _snapshot_reader([replica_local.components(v) for v in self.variables]) or False
         if self._snapshot is False:
             return None
         try:
@@ -305,7 +322,7 @@ class _Computer:
         return self.traced
 
     def _read_eagerly(self) -> np.ndarray:
-        return np.concatenate([_numpy(v).astype(np.float64).ravel() for v in self.variables])
+        return np.concatenate([np.asarray(_local(v), dtype=np.float64).ravel() for v in self.variables])
 
     def _concrete(self, count: int) -> Any:
         """The concrete function of ``count`` states' call, traced on this thread at its first use."""
@@ -313,12 +330,13 @@ class _Computer:
             self._compiled[count] = self._trace(count)
         return self._compiled[count]
 
-    def _trace(self, count: int) -> Any:
-        """Trace the call of ``count`` states: put each in, read the results, put the own state back."""
+    def _program(self, count: int) -> Callable[[Any], list[dict[str, Any]]]:
+        """The call of ``count`` states as TensorFlow steps: put each in, read the results, put the own state back.
+        Under tf.distribute it runs in replica context (:mod:`.replica_local`): each step on this worker's copies."""
         import tensorflow as tf
 
         layout, variables, metrics = self._layout, self.variables, self._metrics
-        read = _reading(variables)
+        read, unwrapped = _reading(variables), self._strategy is not None
 
         def assign(flat: Any) -> list[Any]:
             offset, ops = 0, []
@@ -336,16 +354,25 @@ class _Computer:
                 with tf.control_dependencies(after):
                     assigned = assign(summed_states[index])
                 with tf.control_dependencies([summed_states, *[a for a in assigned if a is not None]]):
-                    results = {k: tf.identity(v) for k, v in _symbolic_results(metrics).items()}
+                    results = {k: tf.identity(v) for k, v in _symbolic_results(metrics, unwrapped).items()}
                 after = list(results.values())
                 out.append(results)
             with tf.control_dependencies(after):
                 assign(own_state)
             return out
 
-        size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in layout)
+        if self._strategy is None:
+            return run
+        strategy = self._strategy
+        return lambda summed_states: replica_local.in_replicas(strategy, run, summed_states)
+
+    def _trace(self, count: int) -> Any:
+        """The concrete function of :meth:`_program`."""
+        import tensorflow as tf
+
+        size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in self._layout)
         spec = tf.TensorSpec([count, size], tf.float64)
-        return tf.function(run, autograph=False).get_concrete_function(spec)
+        return tf.function(self._program(count), autograph=False).get_concrete_function(spec)
 
     @staticmethod
     def _call(concrete: Any, summed: list[np.ndarray]) -> list[dict[str, float]]:
@@ -356,6 +383,12 @@ class _Computer:
 
     def _run_eagerly(self, summed: list[np.ndarray], saved: np.ndarray) -> list[dict[str, float]]:
         """Each state in turn put in and its results read, then ``saved`` put back (once)."""
+        if self._strategy is not None:  # in replica context: the program's own steps, run eagerly
+            try:
+                return self._call(self._program(len(summed)), summed)
+            except Exception:
+                self._restore_in_replicas(saved)
+                raise
         model = self._model()
         try:
             out = []
@@ -366,22 +399,29 @@ class _Computer:
         finally:
             self._assign(saved)
 
+    def _restore_in_replicas(self, saved: np.ndarray) -> None:
+        """Put ``saved`` (this worker's state) back into its first local copies after a failed call (tf.distribute)."""
+        import tensorflow as tf
+
+        def restore() -> None:
+            offset = 0
+            for variable, (shape, dtype) in zip(self.variables, self._layout, strict=True):
+                size = int(np.prod(shape, dtype=np.int64))
+                variable.assign(tf.constant(saved[offset : offset + size].reshape(shape), dtype))
+                offset += size
+
+        replica_local.in_replicas(self._strategy, restore)
+
     def _assign(self, flat: np.ndarray) -> None:
         """Put ``flat`` into the variables, eagerly (through TensorFlow's own variables: a third of the time of Keras
         3's wrappers)."""
         if self._raw is None:
-            self._raw = [_tf_variable(v) for v in self.variables]
+            self._raw = [replica_local.tf_variable(v) for v in self.variables]
         offset = 0
         for variable, (shape, dtype) in zip(self._raw, self._layout, strict=True):
             size = int(np.prod(shape, dtype=np.int64))
             variable.assign(flat[offset : offset + size].reshape(shape).astype(dtype), read_value=False)
             offset += size
-
-
-def _tf_variable(variable: Any) -> Any:
-    """The ``tf.Variable`` behind a metric variable (Keras 3 wraps one; tf_keras' are TensorFlow's)."""
-    inner = getattr(variable, "value", None)
-    return inner if type(variable).__module__.startswith("keras") and hasattr(inner, "assign") else variable
 
 
 def _dtype_name(variable: Any) -> str:
@@ -410,22 +450,28 @@ def _reading(variables: list[Any]) -> Callable[[], Any]:
     return read
 
 
-def _snapshot_reader(variables: list[Any]) -> Callable[[], list[Any]] | None:
-    """A function reading each of ``variables`` eagerly with one ``ReadVariableOp`` (tf.Variable and Keras 3's
-    TensorFlow variables both have a ``handle``), or ``None`` if they are not resource variables."""
+def _snapshot_reader(copies: list[list[Any]]) -> Callable[[], list[Any]] | None:
+    """A function reading each variable eagerly with one ``ReadVariableOp`` per copy (``copies``: each variable's
+    local copies, :func:`.replica_local.components`; tf.Variable and Keras 3's TensorFlow variables both have a
+    ``handle``; several copies, one per local tf.distribute replica, are added), or ``None`` if they are not
+    resource variables."""
     try:
         import tensorflow as tf
         from tensorflow.python.ops import gen_resource_variable_ops
 
         read_op = gen_resource_variable_ops.read_variable_op
-        pairs = [(v.handle, tf.as_dtype(_dtype_name(v))) for v in variables]
-        if not all(getattr(handle, "dtype", None) == tf.resource for handle, _ in pairs):
+        handles = [[(c.handle, tf.as_dtype(_dtype_name(c))) for c in variable] for variable in copies]
+        if not all(getattr(handle, "dtype", None) == tf.resource for both in handles for handle, _ in both):
             return None
     except Exception:  # noqa: BLE001 - not resource variables: the compiled reader reads them
         return None
 
+    def read_one(pairs: list[tuple[Any, Any]]) -> Any:
+        tensors = [read_op(handle, dtype) for handle, dtype in pairs]
+        return tensors[0] if len(tensors) == 1 else tf.add_n(tensors)
+
     def read() -> list[Any]:
-        return [read_op(handle, dtype) for handle, dtype in pairs]
+        return [read_one(pairs) for pairs in handles]
 
     return read
 
@@ -443,13 +489,13 @@ def _compiled_reader(variables: list[Any]) -> Any:
     return tf.function(_reading(variables), autograph=False)
 
 
-def _symbolic_results(metrics: list[Any]) -> dict[str, Any]:
+def _symbolic_results(metrics: list[Any], unwrapped: bool = False) -> dict[str, Any]:
     """What ``model.get_metrics_result()`` returns for the model's ``metrics``, as tensors (both Keras flavours
     name results this way; their own method then converts them to Python numbers, which a compiled function
-    cannot)."""
+    cannot). ``unwrapped``: each metric's own ``result`` (under tf.distribute: this replica's, no collective)."""
     out: dict[str, Any] = {}
     for metric in metrics:
-        result = metric.result()
+        result = replica_local.result(metric) if unwrapped else metric.result()
         if isinstance(result, dict):
             out.update(result)
         else:

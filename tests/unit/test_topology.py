@@ -56,8 +56,34 @@ def test_worlds_that_agree_pass(size, environ):
     topology.check_horovod_world(size, environ)
 
 
-def test_an_mpi_built_horovod_in_a_world_of_one_was_asked_for_it():
-    topology.check_horovod_world(1, {"OMPI_COMM_WORLD_SIZE": "4"}, mpi_built=True)  # hvd.init(comm=[rank])
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+def test_an_mpi_built_horovod_that_sees_a_world_of_one_under_a_launcher_of_several_is_refused(variable):
+    """An Open MPI build under MPICH's or Intel's mpiexec (PMI_SIZE=2) initialises each process alone: two writers,
+    each 'rank 0 of 1' (seen). Refused on every process alike, unless a world of one was asked for."""
+    with pytest.raises(LauncherMismatchError, match="not with the launcher's MPI.*allow_world_of_one"):
+        topology.check_horovod_world(1, {variable: "2"}, mpi_built=True)
+    topology.check_horovod_world(1, {variable: "4"}, mpi_built=True, allowed=True)  # hvd.init(comm=[rank])
+
+
+def test_tf_config_naming_several_workers_for_a_model_that_trains_alone_is_refused():
+    two = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}})}
+    with pytest.raises(LauncherMismatchError, match=r"TF_CONFIG names 2 workers.*_DefaultDistributionStrategy.*scope"):
+        topology.check_tf_config_world(1, "_DefaultDistributionStrategy", two)
+    topology.check_tf_config_world(2, "MultiWorkerMirroredStrategy", two)  # the strategy spans them
+    topology.check_tf_config_world(1, "_DefaultDistributionStrategy", two, allowed=True)
+    one = {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})}
+    topology.check_tf_config_world(1, "_DefaultDistributionStrategy", one)
+    ps = {"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:0"], "worker": ["a:1", "b:2"], "ps": ["p:3"]},
+                                   "task": {"type": "chief", "index": 0}})}  # fmt: skip
+    topology.check_tf_config_world(1, "ParameterServerStrategyV2", ps)  # only the coordinator runs fit
+
+
+def test_tf_config_ranks_tasks_as_tf_distribute_does_the_chief_first():
+    cluster = {"chief": ["c:0"], "worker": ["a:1", "b:2"], "evaluator": ["e:3"]}
+    ranks = {(t, i): topology.rank_in_cluster(cluster, t, i) for t, i in [("chief", 0), ("worker", 0), ("worker", 1),
+                                                                          ("evaluator", 0)]}  # fmt: skip
+    assert ranks == {("chief", 0): 0, ("worker", 0): 1, ("worker", 1): 2, ("evaluator", 0): 3}
+    assert topology.rank_in_cluster({"worker": ["a", "b"]}, "worker", 0) == 0  # no chief: worker 0 is rank 0
 
 
 def test_hosts_are_described_by_rank_ranges_in_order_of_first_rank():
