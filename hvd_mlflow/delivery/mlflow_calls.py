@@ -8,9 +8,10 @@ imported them before ``autolog()``: they end in the client), every write method 
 ``log_model`` of every flavour (through ``mlflow.models.Model.log``). Each returns there what MLflow's signature
 promises, built without a request (:mod:`hvd_mlflow.delivery.stand_ins`): ``set_experiment`` an ``Experiment``,
 ``create_experiment`` an id, ``log_model`` a ``ModelInfo``, ``create_run`` a ``Run``, ...; so a script that uses
-the results runs on every rank. ``mlflow.start_run()`` there returns a run object for the job's run, which
-``mlflow.active_run()`` then returns too, until ``mlflow.end_run()``. On rank 0 the user's own ``mlflow.log_*``
-calls keep working.
+the results runs on every rank; their ids are the real ones where this process knows them, and values that say so
+where only rank 0 can know them, which ``MlflowClient``'s reads refuse at once. ``mlflow.start_run()`` there
+returns a run object (the job's run when there is one), which ``mlflow.active_run()`` then returns too, until
+``mlflow.end_run()``. On rank 0 the user's own ``mlflow.log_*`` calls keep working.
 
 MLflow's TensorFlow/Keras autologging is turned off on every rank while ``hvd_mlflow.autolog()`` is on: it
 logs each rank's local values, per epoch and at every validation, so every Keras metric would be there twice
@@ -18,14 +19,17 @@ logs each rank's local values, per epoch and at every validation, so every Keras
 modules import TensorFlow, so they are patched when the user imports them (MLflow's own post-import hooks).
 
 In an AzureML job, MLflow's ``start_run()`` deletes ``MLFLOW_RUN_ID`` from the environment when it attaches to
-the job's run, so the next ``mlflow.log_metric`` after that run ends would create a new run beside the job's.
-On rank 0 the variable is put back after each ``start_run``.
+the job's run, and ``end_run()`` deletes it again, so the next ``start_run()`` or ``mlflow.log_metric`` would
+create a new run beside the job's. On rank 0 the variable is put back (the job's run: ``MLFLOW_RUN_ID`` as
+``autolog()`` found it, else ``AZUREML_RUN_ID``) around each ``start_run`` and after each ``end_run``: in a job,
+every ``start_run()`` is the job's run, on every rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sys
 import threading
@@ -47,6 +51,9 @@ CLIENT_WRITE_PREFIXES = (
     "log_", "set_", "create_", "delete_", "update_", "rename_", "restore_", "finalize_", "link_", "unlink_",
     "transition_", "register_", "detach_", "add_", "remove_", "copy_", "refresh_", "end_", "start_",
 )  # fmt: skip
+CLIENT_PRIVATE_WRITES = ("_create_model_version",)  # mlflow.register_model's own way to a new version
+# MlflowClient methods that read: given a stand-in's unknown id (stand_ins.UNKNOWN_*), they raise at once.
+CLIENT_READ_PREFIXES = ("get_", "search_", "list_", "download_", "load_")
 
 _originals: list[tuple[object, str, Any]] = []
 _state: dict[str, Any] = {"rank": None, "active": None}  # active: the stubbed run start_run() returned
@@ -139,24 +146,30 @@ def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn 
     return call
 
 
-def _current_run_id(run_id: str | None) -> str | None:
-    """The run a stand-in belongs to: the stand-in run ``start_run()`` returned here, else the job's."""
-    active = _state["active"]
-    return active.info.run_id if active is not None else run_id
+def _refuses_unknown_ids(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original``, but given a value of :data:`stand_ins.UNKNOWN_RUN_ID`'s kind it raises at once, on any rank."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        found = stand_ins.found_in((args, tuple(kwargs.values())))
+        if found is not None:
+            raise stand_ins.refusal(name, found)
+        return original(*args, **kwargs)
+
+    return call
 
 
-def _job_run(run_id: str | None, call: Mapping[str, Any] | None = None) -> Any:
-    """What ``mlflow.start_run()`` returns on ranks other than 0: a real ``mlflow.ActiveRun`` of the job's run
-    (its ``info.run_id``, the experiment and run name asked for, empty data), that logs nothing and that
+def _stand_in_run(call: Mapping[str, Any]) -> Any:
+    """What ``mlflow.start_run()`` returns on ranks other than 0: a real ``mlflow.ActiveRun`` (the run asked for,
+    else the job's, else a new one: :func:`stand_ins.started_run`) with empty data, that logs nothing and that
     ``mlflow.active_run()`` returns until it ends."""
     from mlflow import ActiveRun
 
-    class JobRun(ActiveRun):
+    class StandInRun(ActiveRun):
         def __exit__(self, *exc: object) -> bool:
             _state["active"] = None
             return False
 
-    return JobRun(stand_ins.run(run_id, call))
+    return StandInRun(stand_ins.started_run(call))
 
 
 def install_when_imported(rank: int, run_id: str | None) -> None:
@@ -200,34 +213,42 @@ def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
     if _state["rank"] is not None:
         return
     _state["rank"] = rank
+    job_run = stand_ins.job_run_id(run_id, job_mode)
+    stand_ins.reset(job_run)
+    restore = job_run if job_mode else None  # the variable rank 0's MLflow must keep finding
     for owner in (mlflow, fluent):
         for name in FLUENT_WRITERS:
             if hasattr(owner, name):
-                result = stand_ins.FLUENT_RESULTS.get(name)
-                stand_in = (lambda call, result=result: result(call, _current_run_id(run_id))) if result else None
-                _patch(owner, name, _rank_zero_only(name, getattr(owner, name), stand_in))
-        _patch(owner, "start_run", _start_run(owner.start_run, run_id, job_mode))
+                _patch(owner, name, _rank_zero_only(name, getattr(owner, name), stand_ins.FLUENT_RESULTS.get(name)))
+        _patch(owner, "start_run", _start_run(owner.start_run, restore))
         _patch(owner, "active_run", _active_run(owner.active_run))
-        _patch(owner, "end_run", _end_run(owner.end_run))
+        _patch(owner, "end_run", _end_run(owner.end_run, restore))
     _patch(mlflow, "autolog", _rank_zero_only("autolog", mlflow.autolog))
-    _guard_client(run_id)
+    _guard_client()
     for module_name in AUTOLOG_FLAVOURS:
         register_post_import_hook(_guard_flavour_autolog, module_name, overwrite=False)
         if module_name in sys.modules:
             _guard_flavour_autolog(sys.modules[module_name])
 
 
-def _start_run(original: Callable[..., Any], run_id: str | None, job_mode: bool) -> Callable[..., Any]:
+def _keep_job_run(job_run: str | None) -> None:
+    """In a job, ``MLFLOW_RUN_ID`` for rank 0's MLflow (its ``start_run`` and ``end_run`` delete it): the next
+    ``start_run()`` or fluent write finds the job's run instead of creating one beside it."""
+    if job_run:
+        os.environ.setdefault(destination.RUN_ID_VARIABLE, job_run)
+
+
+def _start_run(original: Callable[..., Any], job_run: str | None) -> Callable[..., Any]:
     def start_run(*args: Any, **kwargs: Any) -> Any:
         if not _writes_here():
             _warn("start_run")
-            _state["active"] = _job_run(run_id, stand_ins.arguments(original, args, kwargs))
+            _state["active"] = _stand_in_run(stand_ins.arguments(original, args, kwargs))
             return _state["active"]
+        _keep_job_run(job_run)
         try:
             return original(*args, **kwargs)
         finally:
-            if job_mode and run_id:  # MLflow's start_run() deleted it: the next call must find the job's run
-                os.environ.setdefault(destination.RUN_ID_VARIABLE, run_id)
+            _keep_job_run(job_run)
 
     return start_run
 
@@ -239,31 +260,37 @@ def _active_run(original: Callable[..., Any]) -> Callable[..., Any]:
     return active_run
 
 
-def _end_run(original: Callable[..., Any]) -> Callable[..., Any]:
+def _end_run(original: Callable[..., Any], job_run: str | None) -> Callable[..., Any]:
     def end_run(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():
-            return original(*args, **kwargs)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _keep_job_run(job_run)
         _state["active"] = None
         return None
 
     return end_run
 
 
-def _guard_client(run_id: str | None) -> None:
-    """Every write method of ``MlflowClient``, and ``Model.log`` (every flavour's ``log_model``): rank 0 only."""
+def _guard_client() -> None:
+    """Every write method of ``MlflowClient``, and ``Model.log`` (every flavour's ``log_model``): rank 0 only.
+    Every read method: refused at once when given a stand-in's unknown id (on any rank, and cheap: a scan of its
+    arguments)."""
     from mlflow import MlflowClient
     from mlflow.models import Model
 
     for name in dir(MlflowClient):
         original = getattr(MlflowClient, name)
-        if name.startswith(CLIENT_WRITE_PREFIXES) and callable(original):
-            result = stand_ins.CLIENT_RESULTS.get(name)
-            stand_in = (lambda call, result=result: result(call, _current_run_id(run_id))) if result else None
+        if (name.startswith(CLIENT_WRITE_PREFIXES) or name in CLIENT_PRIVATE_WRITES) and callable(original):
+            stand_in = stand_ins.CLIENT_RESULTS.get(name)
             _patch(MlflowClient, name, _rank_zero_only(f"MlflowClient.{name}", original, stand_in))
+        elif name.startswith(CLIENT_READ_PREFIXES) and inspect.isfunction(inspect.getattr_static(MlflowClient, name)):
+            _patch(MlflowClient, name, _refuses_unknown_ids(f"MlflowClient.{name}", original))
     raw = Model.__dict__.get("log")
     if raw is not None and not getattr(raw, "_hvd_mlflow_guard", False):
         _originals.append((Model, "log", raw))  # the classmethod itself, so that uninstall() restores it as one
-        model_info = lambda call: stand_ins.model_info(call, _current_run_id(run_id))  # noqa: E731
+        model_info = lambda call: stand_ins.model_info(call, _state["active"])  # noqa: E731
         replacement = classmethod(_rank_zero_only("<flavour>.log_model", raw.__func__, model_info))
         replacement._hvd_mlflow_guard = True  # type: ignore[attr-defined]
         Model.log = replacement  # type: ignore[method-assign]

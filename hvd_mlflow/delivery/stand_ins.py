@@ -6,13 +6,24 @@ A user's script runs the same lines on every rank, and uses what the calls retur
 ``info = mlflow.tensorflow.log_model(...); client.set_tag(run_id, "uri", info.model_uri)``. So each write whose
 result a script can use returns a real MLflow object (an ``Experiment``, a ``Run``, a ``ModelInfo`` with its
 ``LoggedModel``, a ``RegisteredModel``, a ``ModelVersion``) or the value MLflow returns (an experiment id, the
-logged param's value), filled with what this process knows:
+logged param's value).
 
-* an experiment: its name as given, and the id given, else the job's experiment id where the environment gives one
-  (``MLFLOW_EXPERIMENT_ID``), else :data:`UNKNOWN_EXPERIMENT_ID` (the real id is known on rank 0 only);
-  ``set_experiment`` remembers it for the runs started after it; ``create_experiment`` returns that id too;
-* a run: the job's run id (``MLFLOW_RUN_ID`` when ``autolog()`` ran) or the one asked for, else ``""``;
-* a model: a fresh ``m-<uuid>`` id (MLflow's own form), ``models:/<id>`` as its URI, the run it was logged in.
+An id in it is the real one where this process knows it, the one rank 0 gets too:
+
+* a run: the one the user passed (``start_run(run_id=...)``); the job's run for ``start_run()`` when there is one
+  (``MLFLOW_RUN_ID`` as ``autolog()`` found it, or ``AZUREML_RUN_ID`` in an AzureML job: rank 0 attaches to it);
+* an experiment: the one the user passed; the job's (``MLFLOW_EXPERIMENT_ID``) for the job's run, for a new run
+  when nothing else names one (MLflow's own order), and for ``set_experiment(name)`` when the environment names
+  that experiment (``MLFLOW_EXPERIMENT_NAME``); the one ``set_experiment`` returned here, for the runs after it.
+
+Everywhere else rank 0's answer comes from the server (a new run's id, a new experiment's, a name's, a new model's,
+a new version's number), and this process says so with a value of its own kind (:data:`UNKNOWN_RUN_ID`, ...):
+never ``"0"`` (the Default experiment), ``""`` or a made-up id of MLflow's form, which a script would go on to
+read as real (``search_runs([exp.experiment_id])`` on the Default experiment) or fail on with an error that
+names nothing. Each names hvd-mlflow and the rank, and has a ``:``, outside the pattern MLflow checks run and
+experiment ids against, so nothing resolves it to something real. A read given one raises at once on that rank
+(:func:`refusal`, from ``mlflow_calls``' guard of ``MlflowClient``'s reads): MLflow's own answer depends on its
+version (3.17: ``Invalid experiment ID``; a 3.15 server: a 500, retried for minutes; 2.12: an empty list).
 
 Writes that MLflow answers with ``None`` (``log_metric``, ``set_tag``, ``log_artifact``, ...) return ``None``.
 """
@@ -20,20 +31,65 @@ Writes that MLflow answers with ``None`` (``log_metric``, ``set_tag``, ``log_art
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..common import compat
+from ..common import compat, topology
 from . import destination
 
-UNKNOWN_EXPERIMENT_ID = "0"  # MLflow's default experiment: what a rank that cannot ask the server says
-_state: dict[str, Any] = {"experiment_id": None, "experiment_name": None}
+# What this process says where only rank 0 can know, one per kind; {rank} is the rank at the call.
+UNKNOWN_EXPERIMENT_ID = "hvd-mlflow:rank-{rank}:unknown-experiment-id"
+UNKNOWN_EXPERIMENT_NAME = "hvd-mlflow:rank-{rank}:unknown-experiment-name"
+UNKNOWN_RUN_ID = "hvd-mlflow:rank-{rank}:unknown-run-id"
+UNKNOWN_MODEL_ID = "hvd-mlflow:rank-{rank}:unknown-model-id"
+UNKNOWN_MODEL_VERSION = "hvd-mlflow:rank-{rank}:unknown-model-version"
+_state: dict[str, Any] = {"experiment_id": None, "experiment_name": None, "job_run_id": None}
 
 
-def reset() -> None:
-    _state.update(experiment_id=None, experiment_name=None)
+def unknown(kind: str) -> str:
+    """The value of kind ``kind`` (one of the ``UNKNOWN_*`` constants) for this process's rank now."""
+    return kind.format(rank=topology.current().rank)
+
+
+_MARK = UNKNOWN_RUN_ID.split("{rank}", 1)[0]  # what every one of them begins with: "hvd-mlflow:rank-"
+
+
+def found_in(values: Any) -> str | None:
+    """The first of ``values`` (strings, and lists or tuples of them, at any depth) that holds one of the
+    ``UNKNOWN_*`` values (an id, or a URI or filter made of one), else ``None``."""
+    if isinstance(values, str):
+        return values if _MARK in values else None
+    if isinstance(values, (list, tuple, set, frozenset)):
+        return next((found for v in values if (found := found_in(v)) is not None), None)
+    return None
+
+
+def refusal(call: str, value: str) -> Exception:
+    """The error a read given one of the ``UNKNOWN_*`` values raises at once (MLflow's own answer depends on its
+    version: an error, minutes of retries of a server's 500, or an empty result)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    return MlflowException(
+        f"hvd-mlflow: {call}() was given {value!r}, which this rank ({topology.current().rank}) got from a guarded "
+        "MLflow call in place of an id that only rank 0 has (the server makes it for rank 0's call). Read it on "
+        "rank 0, or send the id from rank 0 to the others (hvd.broadcast_object).",
+        error_code=INVALID_PARAMETER_VALUE,
+    )
+
+
+def job_run_id(captured: str | None, job_mode: bool, environ: Mapping[str, str] | None = None) -> str | None:
+    """The job's run: ``MLFLOW_RUN_ID`` as ``autolog()`` found it, else ``AZUREML_RUN_ID`` in an AzureML job."""
+    environ = os.environ if environ is None else environ
+    return captured or (environ.get(destination.AZUREML_RUN_VARIABLE) or None if job_mode else None)
+
+
+def reset(job_run: str | None = None) -> None:
+    """Forget ``set_experiment``'s experiment; ``job_run``: the job's run (:func:`job_run_id`), if there is one."""
+    _state.update(experiment_id=None, experiment_name=None, job_run_id=job_run)
 
 
 def arguments(original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -50,20 +106,29 @@ def _now_ms() -> int:
 
 
 def experiment_id(given: Any = None) -> str:
-    """The experiment id this rank reports: ``given``, else the one ``set_experiment`` set here, else the job's (the
-    environment's), else :data:`UNKNOWN_EXPERIMENT_ID`: MLflow's own order for a new run."""
+    """The experiment of a new run: ``given``, else the one ``set_experiment`` set here, else the job's (the
+    environment's), else :data:`UNKNOWN_EXPERIMENT_ID` (MLflow's default, which is the server's): MLflow's order."""
     from_environment, _ = destination.experiment_from_environment()
-    return str(given or _state["experiment_id"] or from_environment or UNKNOWN_EXPERIMENT_ID)
+    return str(given or _state["experiment_id"] or from_environment or unknown(UNKNOWN_EXPERIMENT_ID))
 
 
 def experiment(call: Mapping[str, Any]) -> Any:
-    """``mlflow.set_experiment``'s ``Experiment``: the name given, the id given or the job's (the environment's);
-    later stand-in runs are in it."""
+    """``mlflow.set_experiment``'s ``Experiment``: the id given, or the job's when the name given is the job's
+    experiment's, else unknown; later stand-in runs are in it."""
     from mlflow.entities import Experiment, LifecycleStage
 
     id_from_environment, name_from_environment = destination.experiment_from_environment()
-    name = call.get("experiment_name") or name_from_environment or "Default"
-    found_id = str(call.get("experiment_id") or id_from_environment or UNKNOWN_EXPERIMENT_ID)
+    given_id, name = call.get("experiment_id"), call.get("experiment_name")
+    job_experiment = bool(id_from_environment and name_from_environment)
+    if given_id:
+        found_id = str(given_id)
+        if not name and job_experiment and found_id == id_from_environment:
+            name = name_from_environment
+    elif name and job_experiment and name == name_from_environment:
+        found_id = id_from_environment
+    else:
+        found_id = unknown(UNKNOWN_EXPERIMENT_ID)
+    name = name or unknown(UNKNOWN_EXPERIMENT_NAME)
     found = Experiment(found_id, name, "", LifecycleStage.ACTIVE, tags=[], creation_time=_now_ms(),
                        last_update_time=_now_ms())  # fmt: skip
     _state.update(experiment_id=found.experiment_id, experiment_name=name)
@@ -71,20 +136,34 @@ def experiment(call: Mapping[str, Any]) -> Any:
 
 
 def created_experiment_id(call: Mapping[str, Any]) -> str:
-    """``create_experiment``'s id (the new experiment exists on rank 0 only, its id is not known here)."""
-    return UNKNOWN_EXPERIMENT_ID
+    """``create_experiment``'s id: the new experiment exists on rank 0 only, and its id is the server's."""
+    return unknown(UNKNOWN_EXPERIMENT_ID)
 
 
-def run(run_id: str | None, call: Mapping[str, Any] | None = None) -> Any:
-    """A ``Run`` (``create_run``), RUNNING, with empty data."""
+def started_run(call: Mapping[str, Any]) -> Any:
+    """``mlflow.start_run``'s ``Run``: the run asked for, else the job's (rank 0 attaches to it), else a new run."""
+    from_environment, _ = destination.experiment_from_environment()
+    if call.get("run_id"):  # an existing run: its experiment is the server's, unless set_experiment said it
+        return run(call["run_id"], _state["experiment_id"] or unknown(UNKNOWN_EXPERIMENT_ID), call)
+    if _state["job_run_id"]:
+        in_experiment = from_environment or _state["experiment_id"] or unknown(UNKNOWN_EXPERIMENT_ID)
+        return run(_state["job_run_id"], in_experiment, call)
+    return run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call)
+
+
+def created_run(call: Mapping[str, Any]) -> Any:
+    """``MlflowClient.create_run``'s ``Run``: always a new run, in the experiment given."""
+    return run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call)
+
+
+def run(run_id: str, in_experiment: str, call: Mapping[str, Any]) -> Any:
+    """A ``Run``, RUNNING, with empty data."""
     from mlflow.entities import LifecycleStage, Run, RunData, RunInfo, RunStatus
 
-    call = call or {}
-    the_id = call.get("run_id") or run_id or ""
     arguments = {
-        "run_uuid": the_id,  # MLflow 2.x's required name of the run id
-        "run_id": the_id,
-        "experiment_id": experiment_id(call.get("experiment_id")),
+        "run_uuid": run_id,  # MLflow 2.x's required name of the run id
+        "run_id": run_id,
+        "experiment_id": in_experiment,
         "user_id": "",
         "status": RunStatus.to_string(RunStatus.RUNNING),
         "start_time": call.get("start_time") or _now_ms(),
@@ -101,20 +180,21 @@ def param_value(call: Mapping[str, Any]) -> Any:
     return call.get("value")
 
 
-def logged_model(call: Mapping[str, Any], run_id: str | None = None) -> Any:
-    """``create_logged_model``'s ``LoggedModel`` (READY: it is never uploaded from here)."""
+def logged_model(call: Mapping[str, Any]) -> Any:
+    """``create_logged_model``'s ``LoggedModel`` (READY: it is never uploaded from here); a new model's id is the
+    server's."""
     from mlflow.entities import LoggedModel
 
     now = _now_ms()
     return LoggedModel(
         experiment_id=experiment_id(call.get("experiment_id")),
-        model_id=call.get("model_id") or f"m-{uuid.uuid4().hex}",
+        model_id=call.get("model_id") or unknown(UNKNOWN_MODEL_ID),
         name=call.get("name") or "model",
         artifact_location="",
         creation_timestamp=now,
         last_updated_timestamp=now,
         model_type=call.get("model_type"),
-        source_run_id=call.get("source_run_id") or run_id,
+        source_run_id=call.get("source_run_id"),
         tags=dict(call.get("tags") or {}),
         params={k: str(v) for k, v in (call.get("params") or {}).items()},
     )
@@ -124,20 +204,27 @@ def finalized_model(call: Mapping[str, Any]) -> Any:
     return logged_model({"model_id": call.get("model_id")})
 
 
-def model_info(call: Mapping[str, Any], run_id: str | None) -> Any:
+def model_info(call: Mapping[str, Any], active: Any = None) -> Any:
     """Every flavour's ``log_model`` (``Model.log``): a ``ModelInfo`` as this MLflow returns it (MLflow 3: with its
-    ``LoggedModel``; 2.x: a ``runs:/`` URI) for the model this rank would have logged (nothing is saved)."""
+    ``LoggedModel``; 2.x: a ``runs:/`` URI) for the model this rank would have logged (nothing is saved), in the
+    run given, else in ``active`` (the stand-in run ``start_run`` returned here). Without either, MLflow 3 logs the
+    model in no run and 2.x in the run it starts (:func:`started_run`)."""
     import mlflow
     from mlflow.models.model import ModelInfo
 
     name = call.get("name") or call.get("artifact_path") or "model"
     flavor = call.get("flavor")
     flavor_name = getattr(flavor, "FLAVOR_NAME", None) or getattr(flavor, "__name__", "model").rsplit(".", 1)[-1]
-    in_run = call.get("run_id") or run_id or ""
+    the_run = active if active is not None and not call.get("run_id") else None
+    in_run = call.get("run_id") or (the_run.info.run_id if the_run is not None else None)
     model = None
     if compat.mlflow3():
+        in_experiment = the_run.info.experiment_id if the_run is not None else experiment_id()
         model = logged_model({"name": name, "model_id": call.get("model_id"), "model_type": call.get("model_type"),
-                              "tags": call.get("tags"), "params": call.get("params")}, run_id=in_run)  # fmt: skip
+                              "tags": call.get("tags"), "params": call.get("params"), "source_run_id": in_run,
+                              "experiment_id": in_experiment})  # fmt: skip
+    elif in_run is None:
+        in_run = started_run({}).info.run_id
     arguments = {
         "artifact_path": name,
         "flavors": {flavor_name: {}},
@@ -162,30 +249,33 @@ def registered_model(call: Mapping[str, Any]) -> Any:
 
 
 def model_version(call: Mapping[str, Any]) -> Any:
+    """A ``ModelVersion``: the version given (an update), else a new one, whose number is the server's."""
     from mlflow.entities.model_registry import ModelVersion
 
     arguments = {"source": call.get("source"), "run_id": call.get("run_id"), "description": call.get("description"),
                  "model_id": call.get("model_id")}  # fmt: skip
-    return ModelVersion(call.get("name") or "", "1", _now_ms(), **compat.accepted(ModelVersion, arguments))
+    version = str(call.get("version") or unknown(UNKNOWN_MODEL_VERSION))
+    return ModelVersion(call.get("name") or "", version, _now_ms(), **compat.accepted(ModelVersion, arguments))
 
 
 # MlflowClient write methods whose result MLflow promises to be something: what other ranks get instead.
-CLIENT_RESULTS: dict[str, Callable[[Mapping[str, Any], str | None], Any]] = {
-    "create_run": lambda call, run_id: run(run_id, call),
-    "create_experiment": lambda call, run_id: created_experiment_id(call),
-    "log_param": lambda call, run_id: param_value(call),
-    "create_logged_model": lambda call, run_id: logged_model(call, run_id),
-    "finalize_logged_model": lambda call, run_id: finalized_model(call),
-    "create_registered_model": lambda call, run_id: registered_model(call),
-    "rename_registered_model": lambda call, run_id: registered_model({"name": call.get("new_name")}),
-    "update_registered_model": lambda call, run_id: registered_model(call),
-    "create_model_version": lambda call, run_id: model_version(call),
-    "copy_model_version": lambda call, run_id: model_version({"name": call.get("dst_name")}),
-    "update_model_version": lambda call, run_id: model_version(call),
-    "transition_model_version_stage": lambda call, run_id: model_version(call),
-    "delete_traces": lambda call, run_id: 0,
+CLIENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "create_run": created_run,
+    "create_experiment": created_experiment_id,
+    "log_param": param_value,
+    "create_logged_model": logged_model,
+    "finalize_logged_model": finalized_model,
+    "create_registered_model": registered_model,
+    "rename_registered_model": lambda call: registered_model({"name": call.get("new_name")}),
+    "update_registered_model": registered_model,
+    "create_model_version": model_version,
+    "_create_model_version": model_version,
+    "copy_model_version": lambda call: model_version({"name": call.get("dst_name")}),
+    "update_model_version": model_version,
+    "transition_model_version_stage": model_version,
+    "delete_traces": lambda call: 0,
 }
-FLUENT_RESULTS: dict[str, Callable[[Mapping[str, Any], str | None], Any]] = {
-    "set_experiment": lambda call, run_id: experiment(call),
-    "log_param": lambda call, run_id: param_value(call),
+FLUENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "set_experiment": experiment,
+    "log_param": param_value,
 }

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import mlflow
+import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import fluent
 
 from hvd_mlflow.common import compat
 from hvd_mlflow.common.topology import Topology
@@ -21,7 +24,8 @@ def test_every_write_path_is_a_no_op_on_rank_1_and_the_rank_is_asked_at_each_cal
     try:
         imported_before("stray", 1.0)
         mlflow.log_params({"stray": 1})
-        assert MlflowClient().create_run("0").info.run_id == "the-job-run"  # a run object, nothing created
+        # a run object, nothing created; not the job's run: create_run makes a new run on rank 0
+        assert MlflowClient().create_run("0").info.run_id == "hvd-mlflow:rank-1:unknown-run-id"
         MlflowClient().log_metric("the-job-run", "stray", 1.0)
         with mlflow.start_run() as run:
             assert run.info.run_id == mlflow.active_run().info.run_id == "the-job-run"
@@ -49,13 +53,16 @@ def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypa
     mlflow3 = compat.mlflow3()
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    for variable in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(guard.topology, "current", lambda: Topology(1, 2, 1, "test"))
     guard.install(1, None, job_mode=False)
     try:
         experiment = mlflow.set_experiment("x")
-        assert isinstance(experiment, Experiment) and (experiment.name, experiment.experiment_id) == ("x", "0")
-        monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "17")  # the job's experiment
+        assert isinstance(experiment, Experiment) and experiment.name == "x"
+        assert experiment.experiment_id == "hvd-mlflow:rank-1:unknown-experiment-id"
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "17")  # the job's experiment, by id and name
+        monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "y")
         assert mlflow.set_experiment("y").experiment_id == "17"
         assert mlflow.set_experiment(experiment_id="5").experiment_id == "5"
         with mlflow.start_run(run_name="r") as run:
@@ -65,7 +72,7 @@ def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypa
             info = mlflow.pyfunc.log_model(**{"name" if mlflow3 else "artifact_path": "net"}, python_model=object())
         assert isinstance(info, ModelInfo) and info.artifact_path == "net" and "python_function" in info.flavors
         if mlflow3:  # a logged model
-            assert info.model_uri.startswith("models:/m-") and info.model_id == info.model_uri.split("/")[-1]
+            assert info.model_uri == "models:/hvd-mlflow:rank-1:unknown-model-id" == f"models:/{info.model_id}"
         else:
             assert info.model_uri == f"runs:/{run.info.run_id}/net"
         assert info.run_id == run.info.run_id
@@ -87,3 +94,120 @@ def test_other_ranks_get_what_mlflow_promises_without_writing(tmp_path, monkeypa
     client = MlflowClient(uri)
     assert [e.name for e in client.search_experiments()] == ["Default"]
     assert client.search_runs(["0"]) == [] and client.search_registered_models() == []
+
+
+# What other ranks return where rank 0's answer comes from the server: a value naming hvd-mlflow and the rank
+# that MLflow never produces (its ids are hex or integers) and that MLflow refuses (a ':' is outside its id pattern).
+UNKNOWN = {kind: f"hvd-mlflow:rank-1:unknown-{kind}" for kind in ("experiment-id", "run-id", "model-id",
+                                                                   "model-version")}  # fmt: skip
+
+
+@pytest.fixture
+def rank_1(tmp_path, monkeypatch):
+    """This process as rank 1 of 2 (the launcher's variables, as horovodrun sets them), a store holding the
+    Default experiment with one run in it, and no experiment or run named by the environment."""
+    for variable in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "AZUREML_RUN_ID"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    monkeypatch.setenv("HOROVOD_SIZE", "2")
+    monkeypatch.setenv("HOROVOD_LOCAL_RANK", "1")
+    monkeypatch.setattr(fluent, "_active_experiment_id", None)  # no set_experiment of an earlier test
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = MlflowClient(uri)
+    default_run = store.create_run("0").info.run_id  # what a stand-in id of "0" or "" would read
+    mlflow.set_tracking_uri(uri)
+    yield store, default_run
+    guard.uninstall()
+    mlflow.set_tracking_uri(None)
+
+
+def test_ids_only_rank_0_can_know_are_unmistakable_and_refused_loudly(rank_1):
+    import mlflow.pyfunc
+
+    store, default_run = rank_1
+    guard.install(1, None, job_mode=False)
+    client = MlflowClient()
+    experiment = mlflow.set_experiment("x")
+    assert experiment.experiment_id == UNKNOWN["experiment-id"]
+    assert client.create_experiment("z") == mlflow.create_experiment("z2") == UNKNOWN["experiment-id"]
+    with mlflow.start_run() as run:  # rank 0 creates a run: its id comes from the server
+        assert (run.info.run_id, run.info.experiment_id) == (UNKNOWN["run-id"], UNKNOWN["experiment-id"])
+        info = mlflow.pyfunc.log_model(**{"name" if compat.mlflow3() else "artifact_path": "net"},
+                                       python_model=object())  # fmt: skip
+    assert info.run_id == UNKNOWN["run-id"]
+    if compat.mlflow3():
+        assert (info.model_id, info.model_uri) == (UNKNOWN["model-id"], f"models:/{UNKNOWN['model-id']}")
+    created = client.create_run("5", run_name="more")  # a new run on rank 0, in the experiment asked for
+    assert (created.info.run_id, created.info.experiment_id) == (UNKNOWN["run-id"], "5")
+    version = client.create_model_version("reg", "models:/m-1")
+    assert (version.version, client.update_model_version("reg", "3", "d").version) == (UNKNOWN["model-version"], "3")
+    # What a script then reads on this rank fails at once, loudly, instead of reading the Default experiment's run
+    # (MLflow itself: an error, an empty list on 2.12, 4 minutes of retries of a 3.15 server's 500)
+    for read in (lambda: mlflow.search_runs([experiment.experiment_id]), lambda: client.get_run(run.info.run_id),
+                 lambda: client.get_experiment(experiment.experiment_id), lambda: mlflow.get_run(created.info.run_id),
+                 lambda: client.search_runs(["0"], f"attributes.run_id = '{run.info.run_id}'"),
+                 lambda: client.get_metric_history(run.info.run_id, "loss")):  # fmt: skip
+        with pytest.raises(MlflowException, match="hvd-mlflow:rank-1:unknown-.*only rank 0 has"):
+            read()
+    assert client.get_run(default_run).info.run_id == default_run  # real ids read as before
+    assert [r.info.run_id for r in store.search_runs(["0"])] == [default_run]  # nothing was written
+
+
+def test_ids_this_rank_knows_are_the_real_ones(rank_1, monkeypatch):
+    store, default_run = rank_1
+    guard.install(1, "the-job-run", job_mode=False)  # MLFLOW_RUN_ID as autolog() found it
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", "7")  # the job's experiment: by id alone
+    with mlflow.start_run() as run:  # rank 0 attaches to the job's run, which is in the job's experiment
+        assert (run.info.run_id, run.info.experiment_id) == ("the-job-run", "7")
+    with mlflow.start_run(run_id=default_run) as run:  # an id the user passed
+        assert run.info.run_id == default_run
+    # a name the environment does not give: its id is the server's (rank 0 may create the experiment)
+    assert mlflow.set_experiment("x").experiment_id == UNKNOWN["experiment-id"]
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "the-job")  # the job's experiment by id and name
+    assert mlflow.set_experiment("the-job").experiment_id == "7"
+    assert mlflow.set_experiment(experiment_id="5").experiment_id == "5"  # an id the user passed
+    assert mlflow.set_experiment(experiment_id="7").name == "the-job"
+    assert mlflow.set_experiment(experiment_id="5").name == "hvd-mlflow:rank-1:unknown-experiment-name"
+    assert MlflowClient().create_run("5").info.experiment_id == "5"
+
+
+def test_in_an_azureml_job_the_job_run_is_azureml_run_id_on_every_rank(rank_1, monkeypatch):
+    """MLFLOW_RUN_ID gone before autolog() (a start_run() before it deletes it): the job's run is still
+    AZUREML_RUN_ID, on rank 1 and on rank 0, which attaches to it at every start_run."""
+    store, default_run = rank_1
+    monkeypatch.setenv("AZUREML_RUN_ID", default_run)
+    guard.install(1, None, job_mode=True)
+    with mlflow.start_run() as run:
+        assert run.info.run_id == default_run
+    guard.uninstall()
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    guard.install(0, None, job_mode=True)
+    for _ in range(2):  # MLflow's end_run() unsets MLFLOW_RUN_ID: the second start_run finds the job's run too
+        with mlflow.start_run() as run:
+            assert run.info.run_id == default_run
+    mlflow.log_metric("after", 1.0)  # no active run: MLflow starts one, the job's
+    mlflow.end_run()
+    assert [r.info.run_id for r in store.search_runs(["0"])] == [default_run]
+    assert [m.value for m in store.get_metric_history(default_run, "after")] == [1.0]
+    guard.uninstall()
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    guard.install(1, None, job_mode=False)  # outside a job AZUREML_RUN_ID names no run of this tracking server
+    with mlflow.start_run() as run:
+        assert run.info.run_id == UNKNOWN["run-id"]
+
+
+def test_the_rank_in_the_unknown_ids_is_the_rank_now(rank_1, monkeypatch):
+    guard.install(1, None, job_mode=False)
+    monkeypatch.setenv("HOROVOD_RANK", "3")
+    monkeypatch.setenv("HOROVOD_SIZE", "4")
+    assert mlflow.set_experiment("x").experiment_id == "hvd-mlflow:rank-3:unknown-experiment-id"
+    assert MlflowClient().create_run("1").info.run_id == "hvd-mlflow:rank-3:unknown-run-id"
+
+
+def test_register_model_writes_nothing_on_rank_1(rank_1, tmp_path):
+    """``mlflow.register_model`` makes its version through ``MlflowClient._create_model_version``: guarded too."""
+    store, _ = rank_1
+    guard.install(1, None, job_mode=False)
+    version = mlflow.register_model(str(tmp_path / "saved-model"), "reg")
+    assert (version.name, version.version) == ("reg", UNKNOWN["model-version"])
+    assert store.search_registered_models() == [] and store.search_model_versions("name = 'reg'") == []

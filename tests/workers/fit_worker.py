@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -225,6 +226,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-log-tensorboard", action="store_true", help="autolog(log_tensorboard=False)")
     parser.add_argument("--tensorboard-profile-batch", default="0", help="the TensorBoard callback's profile_batch")
     parser.add_argument("--raise-at", choices=["first-batch", "epoch-1-end"], help="a callback raises out of fit")
+    parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
+    parser.add_argument("--warmup-recipe", type=Path, help="a file defining warmup(initial_lr, warmup_epochs)")
+    parser.add_argument("--horovod-warmup", action="store_true", help="Horovod's LearningRateWarmupCallback")
+    parser.add_argument("--no-momentum-correction", action="store_true", help="its momentum_correction=False")
+    parser.add_argument("--warmup-lr", type=float, default=0.1, help="the warm-up's initial_lr: its rate at the end")
+    parser.add_argument("--warmup-epochs", type=int, default=3)
     return parser.parse_args()
 
 
@@ -263,7 +270,8 @@ def compiled_model(args: argparse.Namespace, rank: int):
         learning_rate = 0.3  # large steps: a noisy val_loss that stops early, at a different epoch on each rank
     if args.lr_schedule:
         learning_rate = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=1, decay_rate=0.9)
-    model.compile(optimizer=keras.optimizers.SGD(learning_rate), loss="binary_crossentropy", metrics=metrics)
+    optimizer = keras.optimizers.Adam if args.optimizer == "adam" else keras.optimizers.SGD
+    model.compile(optimizer=optimizer(learning_rate), loss="binary_crossentropy", metrics=metrics)
     return model
 
 
@@ -279,6 +287,17 @@ def fit_callbacks(args: argparse.Namespace, model, options: dict) -> list:
         callbacks.append(UserLogging())
     if args.early_stopping:
         callbacks.append(keras.callbacks.EarlyStopping(monitor="val_loss", patience=1, min_delta=1e-3))
+    if args.warmup_recipe:  # the migration guide's code, loaded from the file the test wrote it to
+        spec = importlib.util.spec_from_file_location("warmup_recipe", args.warmup_recipe)
+        recipe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(recipe)
+        callbacks.append(recipe.warmup(initial_lr=args.warmup_lr, warmup_epochs=args.warmup_epochs))
+    if args.horovod_warmup:
+        import horovod.tensorflow.keras as hvd_keras
+
+        callbacks.append(hvd_keras.callbacks.LearningRateWarmupCallback(
+            initial_lr=args.warmup_lr, warmup_epochs=args.warmup_epochs,
+            momentum_correction=not args.no_momentum_correction))  # fmt: skip
     if args.tensorboard:  # as users add it: on every rank, into one shared folder
         freq, profile = args.tensorboard_update_freq, args.tensorboard_profile_batch
         callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard, update_freq=int(freq) if freq.isdigit()

@@ -7,7 +7,7 @@ Scenarios (each rank writes ``rank<R>.json`` in ``--out``):
 * ``tutorial``: the MLflow tutorial's lines on every rank (experiment, run context, params, metrics, a model,
   artifacts, ``MlflowClient`` calls that use what the earlier calls returned), around an autologged ``fit``.
   ``--rank1-uri`` points rank 1 at its own tracking URI (a recording proxy). Records every call's error and what
-  the results held.
+  the results held, and what a read of the run ``client.create_run`` returned gives (rank 1: hvd-mlflow's error).
 * ``empty-shard``: one fit per part named in ``--empty`` (``validation,training``), each with rank 1's shard of
   that part empty, as when a dataset is sharded over more ranks than it has files. Records, per fit, what ``fit``
   did on each rank: its error, or the values every rank's later callbacks saw, and Keras' own local values.
@@ -78,12 +78,17 @@ def tutorial(args: argparse.Namespace, record: Record) -> None:
         errors.append(f"run context: {type(error).__name__}: {error}\n{traceback.format_exc(limit=4)}")
     seen["active_after"] = mlflow.active_run() is None
     other = step("client.create_experiment", lambda: client.create_experiment(f"{args.experiment}-more"))
-    seen["created_experiment_is_str"] = isinstance(other, str)
+    seen["created_experiment"] = other
     if other is not None:
         more = step("client.create_run", lambda: client.create_run(other, run_name="more"))
         if more is not None:
             seen["more_run"] = [more.info.experiment_id == other, more.info.run_name, more.info.status]
+            seen["more_run_id"] = more.info.run_id
             seen["client_log_param"] = step("client.log_param", lambda: client.log_param(more.info.run_id, "k", "v"))
+            try:  # a read of the new run: its id is the server's, known on rank 0 only
+                seen["read_more_run"] = client.get_run(more.info.run_id).info.run_id
+            except Exception as error:  # noqa: BLE001 - recorded for the test
+                seen["read_more_run"] = f"{type(error).__name__}: {error}"
             step("client.set_terminated", lambda: client.set_terminated(more.info.run_id))
     record["errors"], record["seen"] = errors, seen
     record["finished"] = True
