@@ -2,7 +2,9 @@
 installs it: the one place ``autolog()``, the callback and ``hvd-mlflow doctor`` take them from.
 
 TensorFlow and Horovod are not requirements of the package (an image usually has its own, and Horovod must be
-compiled against that TensorFlow); without them hvd-mlflow says so, once, with the command to run.
+compiled against that TensorFlow); without TensorFlow hvd-mlflow says so, once, with the command to run. Horovod is
+one of the engines (:mod:`hvd_mlflow.every_rank.collectives`), used where the job initialised it: a tf.distribute
+job, or one process, needs none (Horovod 0.28.1 does not build against TensorFlow >= 2.19).
 """
 
 from __future__ import annotations
@@ -29,14 +31,14 @@ def installed_version(distribution: str) -> str | None:
 
 
 def require_training_stack() -> None:
-    """TensorFlow and Horovod importable, else one error naming what is missing and the command that installs it."""
-    missing = []
+    """TensorFlow importable, else one error with the command that installs it (Horovod is asked for only where a
+    job uses it)."""
     if importlib.util.find_spec("tensorflow") is None:
-        missing.append(f"TensorFlow ({TENSORFLOW})")
-    if importlib.util.find_spec("horovod") is None:
-        missing.append(f"Horovod, built against that TensorFlow ({HOROVOD})")
-    if missing:
-        raise MissingDependencyError("hvd-mlflow needs " + " and ".join(missing))
+        raise MissingDependencyError(f"hvd-mlflow needs TensorFlow ({TENSORFLOW})")
+
+
+def horovod_installed() -> bool:
+    return importlib.util.find_spec("horovod") is not None
 
 
 def require_mlflow() -> None:

@@ -177,6 +177,8 @@ class Reducer:
         """Every part's global values from one collective (the parts' vectors end to end, then one signature of
         the whole layout: every rank reads it at the same place); :attr:`spread`, :attr:`carried` and the others
         describe the last part afterwards."""
+        if self._comm.logs_are_global:
+            parts = [self._with_own_values(part) for part in parts]
         packed = [self._pack(part) for part in parts]
         keys = [k for p in packed for k in p.keys]
         layout = [item for i, p in enumerate(packed) for item in ([*p.layout] if i == 0 else ["|", *p.layout])]
@@ -225,6 +227,21 @@ class Reducer:
         self.carried, self.carried_per_rank, self.spread = last.carried, last.carried_per_rank, last.spread
         self.train_samples, self.inexact = last.train_samples, last.inexact
         return results
+
+    def _with_own_values(self, part: Part) -> Part:
+        """``part`` with this rank's own values where the reduction needs them and Keras' logs hold the global ones
+        (tf.distribute): every key for ``mean`` and ``weighted``, the keys of metrics whose state does not add up and
+        the spread keys for ``exact``; computed from this rank's own metric states (its local copies)."""
+        needed = set(part.values) if self.mode != "exact" else (set(part.not_additive) | set(self.spread_keys))
+        needed &= set(part.values)
+        if not needed or not part.states:
+            return part
+        states = list(part.states)
+        own: dict[str, float] = {}
+        for results in compute_all(states, [s.values for s in states], compiled=self.agreement.compiled):
+            own.update(results)
+        values = {k: own.get(k, v) if k in needed else v for k, v in part.values.items()}
+        return dataclasses.replace(part, values=values)
 
     def _pack(self, part: Part) -> _Packed:
         """One part's share of the collective: its values, weighted values and samples, states, carry."""

@@ -33,6 +33,10 @@ class Collectives(Protocol):
     # Keras' logs hold every rank's global values already (tf.distribute reads metric states summed over workers):
     # each rank's own values are computed from its own metric state where a reduction needs them
     logs_are_global: bool
+    # the engine itself keeps every rank's weights equal (tf.distribute's mirrored variables): no fingerprint check
+    keeps_weights_in_step: bool
+    # fit's batch_size is the global batch, which the engine splits over ranks (tf.distribute), not each rank's
+    batch_is_global: bool
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
     def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
@@ -46,7 +50,7 @@ class Solo:
     rank = 0
     size = 1
     engine = "single process"
-    logs_are_global = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = False
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
@@ -65,7 +69,7 @@ class Horovod:
     """The collectives of an initialised ``horovod.tensorflow``."""
 
     engine = "horovod"
-    logs_are_global = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = False
 
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
@@ -101,7 +105,7 @@ class TfDistribute:
     """
 
     engine = "tf.distribute"
-    logs_are_global = True
+    logs_are_global = keeps_weights_in_step = batch_is_global = True
 
     def __init__(self, strategy: Any, rank: int, size: int) -> None:
         self._strategy = strategy

@@ -23,23 +23,28 @@ class EpochExchange:
     model: Any
     options: Any
 
+    def _needs_states(self) -> bool:
+        """Whether the collectives carry metric states (not for ``reduction="mean"``), or this rank's own values must
+        be computed from them (an engine whose logs are global already: tf.distribute)."""
+        return self.options.reduction != "mean" or self._comm.logs_are_global
+
     def _batch_states(self) -> list[metric_state.MetricState]:
         """The state a logged batch's results come from (none for ``reduction="mean"`` or a model without metrics)."""
-        if self.options.reduction == "mean":
+        if not self._needs_states():
             return []
         return _present([metric_state.capture(self.model, prefix="")])
 
     def _keep_train_state(self) -> None:
-        """Before fit's validation resets the metrics: keep the training state (or, for ``mean``, the samples)."""
+        """Before fit's validation resets the metrics: keep the training state (and, for ``mean``, the samples)."""
         self._validating = True
-        if self.options.reduction != "mean":
+        if self._needs_states():
             self._train_state = metric_state.capture(self.model, prefix="")
-        else:
+        if self.options.reduction == "mean":
             self._train_samples = metric_state.samples(self.model)
 
     def _epoch_states(self) -> list[metric_state.MetricState]:
         """The states the epoch's results come from: training and validation, or training alone."""
-        if self.options.reduction == "mean":
+        if not self._needs_states():
             return []
         if not self._validating:
             return _present([metric_state.capture(self.model, prefix="")])
@@ -79,16 +84,21 @@ class EpochExchange:
         traced = []
         if self.options.reduction == "exact":
             traced.append(metric_state.trace_in_background(self.model, states=2 if self._validating else 1))
-        if self.options.check_divergence and self._comm.size > 1:
+        if self._checks_divergence():
             traced.append(divergence.trace_in_background(self.model))
         self._traced = [t for t in traced if t is not None]
+
+    def _checks_divergence(self) -> bool:
+        """Whether the epoch collective carries the weights' fingerprint: asked for, several ranks, and an engine that
+        does not keep the weights equal by itself (tf.distribute's mirrored variables do: nothing to check)."""
+        return self.options.check_divergence and self._comm.size > 1 and not self._comm.keeps_weights_in_step
 
     def _ranks_health(self, epoch: int) -> dict[str, float]:
         """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
         once), and the ranks' system metrics; what rank 0 logs of it."""
         out: dict[str, float] = {}
         carried = self._reducer.carried
-        if self.options.check_divergence and self._comm.size > 1 and "fp_abs" in carried:
+        if self._checks_divergence() and "fp_abs" in carried:
             value = divergence.spread(carried, self._comm.size)
             if self._diverged_at is None and value > divergence.TOLERANCE:
                 self._diverged_at = self._step
@@ -151,7 +161,7 @@ class EpochExchange:
         """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
         ready = tracing.Agreement.carry(self._traced) if self._traced is not None else {tracing.READY_KEY: 0.0}
         carry: dict[str, float] = dict(ready)  # whether this rank's traced functions are ready (agreed: tracing.py)
-        if self.options.check_divergence and self._comm.size > 1:  # every rank: its weights' fingerprint (or NaN)
+        if self._checks_divergence():  # every rank: its weights' fingerprint (or NaN)
             try:
                 carry.update(divergence.carry(self.model, self._reducer.agreement.compiled))
             except Exception:  # noqa: BLE001 - the collective's layout stays the same on every rank

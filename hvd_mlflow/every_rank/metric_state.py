@@ -172,8 +172,8 @@ def _numpy(variable: Any) -> np.ndarray:
 
 
 def _local(variable: Any) -> np.ndarray:
-    """This rank's value of a metric variable: under tf.distribute the sum of its local copies (no collective)."""
-    return sum(_numpy(copy) for copy in replica_local.components(variable))
+    """This rank's value of a metric variable: under tf.distribute its local copies added (no collective)."""
+    return sum(_numpy(part) for part in replica_local.parts(variable))
 
 
 def samples(model: Any) -> float:
@@ -280,7 +280,7 @@ class _Computer:
         on write, so later steps do not change the tensors; :func:`_flat` makes them one float64 vector."""
         self._last_read = None
         if self._snapshot is None:
-            self._snapshot = _snapshot_reader([replica_local.components(v) for v in self.variables]) or False
+            self._snapshot = _snapshot_reader([replica_local.parts(v) for v in self.variables]) or False
         if self._snapshot is False:
             return None
         try:
@@ -452,9 +452,9 @@ def _reading(variables: list[Any]) -> Callable[[], Any]:
 
 def _snapshot_reader(copies: list[list[Any]]) -> Callable[[], list[Any]] | None:
     """A function reading each variable eagerly with one ``ReadVariableOp`` per copy (``copies``: each variable's
-    local copies, :func:`.replica_local.components`; tf.Variable and Keras 3's TensorFlow variables both have a
-    ``handle``; several copies, one per local tf.distribute replica, are added), or ``None`` if they are not
-    resource variables."""
+    local copies that add up to its value, :func:`.replica_local.parts`; tf.Variable and Keras 3's TensorFlow
+    variables both have a ``handle``; several copies, one per local tf.distribute replica, are added), or ``None``
+    if they are not resource variables."""
     try:
         import tensorflow as tf
         from tensorflow.python.ops import gen_resource_variable_ops

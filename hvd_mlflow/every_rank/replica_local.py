@@ -8,12 +8,14 @@ through a ``merge_call``, and an assign there writes ``value / replicas`` into e
 collective again). hvd-mlflow needs each worker's own state (it sums the states over workers itself, once, in its
 epoch collective) and the results of a given state on this worker alone, so here:
 
-* :func:`components`: a variable's local copies (``.values``), read directly: no collective;
+* :func:`components`: a variable's local copies (``.values``), read directly: no collective; :func:`parts`, those
+  that add up to this worker's value;
 * :func:`in_replicas`: a function run in replica context (``strategy.run``), where an assign writes this replica's
   copy and a read reads it; the first local replica's result;
 * :func:`result`: a metric's own ``result`` (the class's: not tf_keras' ``merge_call`` wrapper on the instance);
-* :func:`adds_over_workers`: whether a metric's variables aggregate by SUM, i.e. whether its state adds up over
-  workers as the state of one process does (a MEAN- or first-replica-aggregated variable does not).
+* :func:`adds_over_workers`: whether a metric's state is each replica's own part (SyncOnRead copies: they add up
+  over workers as the states of Horovod's ranks do, whatever aggregation Keras reads them with), or kept in step by
+  the strategy (a MirroredVariable: each copy holds the total).
 
 Outside tf.distribute (Horovod, one process) every function leaves the variables as they are.
 """
@@ -46,6 +48,13 @@ def components(variable: Any) -> list[Any]:
     return [inner]
 
 
+def parts(variable: Any) -> list[Any]:
+    """The local copies that add up to this worker's value of ``variable``: all of them (each replica's own part),
+    or the first one of a variable the strategy keeps in step (each copy holds the total)."""
+    copies = components(variable)
+    return copies[:1] if kept_in_step(variable) else copies
+
+
 def strategy_of(variables: Sequence[Any]) -> Any | None:
     """The tf.distribute strategy whose variables these are, or ``None`` when none is distributed."""
     for variable in variables:
@@ -64,10 +73,16 @@ def result(metric: Any) -> Any:
     return type(metric).result(metric)
 
 
-def adds_over_workers(metric: Any) -> bool:
-    """Whether every tf.distribute variable of ``metric`` aggregates by SUM (the copies add up to the state)."""
+def kept_in_step(variable: Any) -> bool:
+    """Whether tf.distribute keeps every copy of ``variable`` equal (written through all-reduces: ON_WRITE, a
+    MirroredVariable), so that each copy holds the total over replicas rather than its own part."""
     import tensorflow as tf
 
-    return all(
-        tf_variable(v).aggregation == tf.VariableAggregation.SUM for v in metric.variables if is_distributed(v)
-    )
+    inner = tf_variable(variable)
+    return is_distributed(inner) and inner.synchronization != tf.VariableSynchronization.ON_READ
+
+
+def adds_over_workers(metric: Any) -> bool:
+    """Whether ``metric``'s state is each replica's own part (SyncOnRead copies, as Keras makes them), so that the
+    parts add up over workers; a metric whose variables tf.distribute keeps in step holds the total everywhere."""
+    return not any(kept_in_step(v) for v in metric.variables)

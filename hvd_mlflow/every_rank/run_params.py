@@ -63,23 +63,33 @@ def training_params(
     batch_size: int | None,
     initial_epoch: int,
     flavour: str,
+    batch_is_global: bool = False,
 ) -> dict[str, str]:
-    """Params of a run: the training's shape over all ranks, the optimizer and the software versions."""
+    """Params of a run: the training's shape over all ranks, the optimizer and the software versions. ``batch_size``:
+    fit's, each rank's (Horovod), or the global batch the engine splits over ranks (``batch_is_global``:
+    tf.distribute)."""
+    if batch_size and batch_is_global:
+        global_batch, batch_size = batch_size, batch_size // world_size if batch_size % world_size == 0 else None
+    else:
+        global_batch = batch_size * world_size if batch_size else None
     params: dict[str, Any] = {
         "epochs": keras_params.get("epochs"),
         "steps_per_epoch": keras_params.get("steps"),
         "initial_epoch": initial_epoch,
         "world_size": world_size,
         "batch_size": batch_size,
-        "global_batch_size": batch_size * world_size if batch_size else None,
+        "global_batch_size": global_batch,
     }
     params.update(optimizer_params(model))
     params.update(versions(flavour))
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
-def run_tags(*, world_size: int, reduction: str, flavour: str, extra: Mapping[str, str]) -> dict[str, str]:
+def run_tags(
+    *, world_size: int, reduction: str, flavour: str, extra: Mapping[str, str], engine: str = "horovod"
+) -> dict[str, str]:
     tags = {
+        "hvd_mlflow.engine": engine,
         "hvd_mlflow.world_size": str(world_size),
         "hvd_mlflow.reduction": reduction,
         "hvd_mlflow.keras_flavour": flavour,

@@ -157,6 +157,7 @@ class RankZeroSteps:
             reduction=self.options.reduction,
             flavour=self._flavour or "keras",
             extra=self.options.extra_tags,
+            engine=self._comm.engine,
         )
         directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
         self._owns_run = dest.run_id is None or bool(link and link.owns_run)
@@ -215,6 +216,7 @@ class RankZeroSteps:
             batch_size=self._batch_size,
             initial_epoch=epoch,
             flavour=self._flavour or "keras",
+            batch_is_global=self._comm.batch_is_global,
         )
         self._run_logger.log_params({**params, **self.options.extra_params})
         self._run_logger.log_tags(run_params.hosts_tag(self._hosts))

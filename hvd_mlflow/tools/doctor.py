@@ -45,6 +45,9 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     out.append(_guard("tensorflow", dependencies.TENSORFLOW, tensorflow))
 
     def horovod() -> Check:
+        if not dependencies.horovod_installed():  # the tf.distribute engine and one process need none
+            return Check("horovod", "not installed: Horovod jobs need it (horovodrun, mpirun); tf.distribute jobs "
+                         "(TF_CONFIG) and one process do not")  # fmt: skip
         import horovod
         import horovod.tensorflow as hvd
 
@@ -55,7 +58,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
                      fix=dependencies.HOROVOD_GLOO)  # fmt: skip
 
     out.append(_guard("horovod", f"build horovod 0.28.1 against this TensorFlow: {dependencies.HOROVOD}", horovod))
-    out.append(_guard("ranks", "run it under the job's launcher: mpirun -np N hvd-mlflow doctor", _ranks))
+    out.append(_guard("engine", "run it under the job's launcher: mpirun -np N hvd-mlflow doctor", _ranks))
     out.append(_guard("mlflow", dependencies.MLFLOW, lambda: Check("mlflow", _mlflow_version())))
 
     def tracking() -> Check:
@@ -96,32 +99,59 @@ def _pending(path) -> int:
 
 
 def _ranks() -> Check:
-    """This process's place in the job. Under an MPI launcher (``mpirun -np N hvd-mlflow doctor``, as AzureML starts
-    a job) Horovod is initialised and every rank's host gathered: the world size, ranks per host, rank 0's host;
-    and a Horovod that sees a world of 1 where the launcher started N (built without MPI) is named."""
+    """The engine and this process's place in the job. Under an MPI launcher (``mpirun -np N hvd-mlflow doctor``, as
+    AzureML starts a job) Horovod is initialised and every rank's host gathered: the world size, ranks per host, rank
+    0's host; a Horovod that sees a world of 1 where the launcher started N is named. Under ``TF_CONFIG`` (AzureML's
+    ``distribution: type: tensorflow``): the tf.distribute world and its chief, the task that logs."""
     launched = topology.launcher_world()
+    cluster = topology.tf_cluster()
+    if (launched is None or launched[0] <= 1) and cluster is not None and cluster.size > 1:
+        return _tf_distribute(cluster)
     if launched is None or launched[0] <= 1:
         where = topology.current()
-        return Check("ranks", f"rank {where.rank} of {where.size} (from {where.source})")
+        return Check("engine", f"one process: rank {where.rank} of {where.size} (from {where.source})")
     import horovod.tensorflow as hvd
 
     hvd.init()
     try:
-        topology.check_horovod_world(hvd.size())
+        topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built())
     except LauncherMismatchError as error:
-        return Check("ranks", f"{launched[1]} started {launched[0]} processes, Horovod sees 1 in each", ok=False,
+        return Check("engine", f"{launched[1]} started {launched[0]} processes, Horovod sees 1 in each", ok=False,
                      fix=str(error).split(": ", 1)[1])  # fmt: skip
     hosts = hvd.allgather_object(topology.hostname(), name="hvd_mlflow.doctor")
     per_host = sorted({hosts.count(h) for h in hosts})
     counts = "/".join(map(str, per_host))
-    return Check("ranks", f"world of {hvd.size()} on {len(set(hosts))} hosts, {counts} ranks per host "
+    return Check("engine", f"horovod: world of {hvd.size()} on {len(set(hosts))} hosts, {counts} ranks per host "
                  f"({topology.describe_hosts(hosts)}); rank 0 on {hosts[0]}; Horovod's controller: "
                  f"{'MPI' if hvd.mpi_enabled() else 'Gloo'}")  # fmt: skip
 
 
+def _tf_distribute(cluster: topology.TfCluster) -> Check:
+    """What ``TF_CONFIG`` says: the tf.distribute world, this task, and the chief (rank 0: the one that logs). Read
+    without starting the strategy (that would wait for every worker): a model built inside a
+    MultiWorkerMirroredStrategy's ``scope()`` trains and logs so; one built outside it is refused at train begin."""
+    import json
+
+    config = json.loads(os.environ["TF_CONFIG"])
+    spec, task = config.get("cluster", {}), config.get("task", {})
+    if cluster.parameter_servers:
+        return Check("engine", f"tf.distribute ParameterServerStrategy cluster: only the chief runs fit and logs; "
+                     f"this task is {task.get('type')} {task.get('index', 0)}")  # fmt: skip
+    chief = ("chief", spec["chief"][0]) if spec.get("chief") else ("worker 0", (spec.get("worker") or ["?"])[0])
+    here = f"{task.get('type', 'worker')} {task.get('index', 0)} (rank {cluster.rank})"
+    warning = ""
+    if keras_flavour.of_tf_keras() == "keras" and _keras3():
+        warning = ("Keras 3 cannot train with MultiWorkerMirroredStrategy (keras-team/keras#20585): hvd-mlflow "
+                   "refuses it at train begin; use tf_keras (pip install tf-keras, TF_USE_LEGACY_KERAS=1)")  # fmt: skip
+    return Check("engine", f"tf.distribute (TF_CONFIG): a world of {cluster.size} workers; this task is {here}; the "
+                 f"chief, which logs, is {chief[0]} at {chief[1]}", warning=warning)  # fmt: skip
+
+
 def reports() -> bool:
-    """Whether this process prints the report: rank 0 (under a launcher, after :func:`checks` joined Horovod)."""
-    return topology.current().rank == 0
+    """Whether this process prints the report: rank 0 under an MPI launcher (after :func:`checks` joined Horovod);
+    every process otherwise (each of a tf.distribute job's tasks says where it stands: no collective joins them)."""
+    launched = topology.launcher_world()
+    return launched is None or launched[0] <= 1 or topology.current().rank == 0
 
 
 def _budget(uri: str) -> Check:

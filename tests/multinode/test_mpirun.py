@@ -76,7 +76,7 @@ def test_mpirun_on_one_host(tmp_path, mlflow_server, client):
 def test_doctor_under_mpirun_on_one_host(tmp_path):
     cli = str(Path(sys.executable).parent / "hvd-mlflow")
     done = mpirun(2, [cli, "doctor"], {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'x.db'}"}, tmp_path)
-    reports = [line for line in done.stdout.splitlines() if " ranks " in line]
+    reports = [line for line in done.stdout.splitlines() if " engine " in line]
     host = socket.gethostname()
     if horovod_has_mpi():
         assert done.returncode == 0, done.stdout + done.stderr
@@ -85,5 +85,5 @@ def test_doctor_under_mpirun_on_one_host(tmp_path):
     else:  # every process is rank 0 of its own world, and says what is wrong
         assert done.returncode != 0
         assert sorted(line[:5] for line in reports) == ["[1,0]", "[1,1]"], done.stdout
-        assert all("!! ranks" in line and "Horovod sees 1 in each" in line for line in reports)
+        assert all("!! engine" in line and "Horovod sees 1 in each" in line for line in reports)
         assert "HOROVOD_WITH_MPI=1" in done.stdout

@@ -29,6 +29,7 @@ class TwoRanks:
     """
 
     rank, size = 0, 2
+    logs_are_global = False  # as Horovod: each rank's logs hold its own values
 
     def __init__(self, mode: str, other: dict[str, float], states=()) -> None:
         peer = Peer()
@@ -149,6 +150,7 @@ class TwoRanksGathering:
     """Rank 0's view of a two-rank allgather (the rank spread path); the other rank reduced ``other``."""
 
     rank, size = 0, 2
+    logs_are_global = False  # as Horovod: each rank's logs hold its own values
 
     def __init__(self, other: dict[str, float], spread) -> None:
         peer = GatherPeer()
@@ -197,6 +199,7 @@ class HandBuiltPeer:
     """Rank 0's view of a two-rank sum where the other rank's vector is built by hand (``packed``)."""
 
     rank, size = 0, 2
+    logs_are_global = False  # as Horovod: each rank's logs hold its own values
 
     def __init__(self, other: np.ndarray) -> None:
         self.other = other

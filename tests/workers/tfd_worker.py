@@ -1,0 +1,246 @@
+"""One tf.distribute worker (MultiWorkerMirroredStrategy, tf_keras), as AzureML's ``distribution: type: tensorflow``
+jobs run one: ``TF_CONFIG`` says where it stands; ``hvd_mlflow.autolog()`` is called after the strategy is made.
+
+    TF_CONFIG=... python tfd_worker.py --out DIR [--scenarios a,b] [--epochs N] [--autolog-options JSON]
+
+Each scenario is one ``fit`` on this worker's own data (uneven: worker 0 has twice worker 1's samples in every
+batch, the same number of steps), a distributed dataset per worker (``distribute_datasets_from_function``).
+Scenarios with ``lr0`` train with a learning rate of 0, so the weights never move and every value has an
+independent truth: after ``fit`` this process evaluates the same weights with plain Keras, outside the strategy (a
+model of its own, no collective), on its own shard (each worker) and on the union of every worker's shard (the
+chief): the values hvd-mlflow must log, computed without it. Keras' own epoch logs (before any callback) are kept
+too, to show where Keras' value is wrong. Worker ``R`` (tf.distribute's rank: the chief is 0) writes
+``rank<R>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+from common import Record, SeenLogs, keras, spy_local_logs
+
+STEPS, VAL_STEPS = 6, 3
+BATCH = (16, 8)  # each worker's batch (worker 0, worker 1): uneven on purpose, the same number of steps
+VAL_BATCH = (12, 5)
+
+
+class MaxAbsError(keras.metrics.Metric):
+    """A running maximum: its state does NOT add up over workers (Keras sums it: the sum of the maxima)."""
+
+    def __init__(self, name: str = "max_err", **kwargs) -> None:
+        super().__init__(name=name, **kwargs)
+        self.worst = self.add_weight(name="worst", shape=(), initializer="zeros")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        err = tf.reduce_max(tf.abs(tf.cast(tf.reshape(y_true, [-1]), "float32") - tf.reshape(y_pred, [-1])))
+        self.worst.assign(tf.maximum(self.worst, err))
+
+    def result(self):
+        return self.worst
+
+    def reset_state(self):
+        self.worst.assign(0.0)
+
+
+class PositiveCount(keras.metrics.Metric):
+    """A counter of positive labels whose state adds up, and says so. ``aggregation``: how Keras reads it over
+    replicas: ``mean`` (a user's choice, as in tensorflow#64471) makes Keras' own value the mean of the workers'
+    counts, half the count over two workers; the copies still add up (hvd-mlflow adds them)."""
+
+    hvd_mlflow_additive = True
+
+    def __init__(self, name: str = "positives", aggregation: str = "sum", **kwargs) -> None:
+        super().__init__(name=name, **kwargs)
+        how = tf.VariableAggregation.MEAN if aggregation == "mean" else tf.VariableAggregation.SUM
+        self.count = self.add_weight(name="count", shape=(), initializer="zeros", aggregation=how)
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(tf.reduce_sum(tf.cast(tf.reshape(y_true, [-1]) > 0.5, "float32")))
+
+    def result(self):
+        return tf.identity(self.count)
+
+    def reset_state(self):
+        self.count.assign(0.0)
+
+
+def features(rank: int, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 * seed + rank)
+    return rng.normal(loc=0.3 * rank, size=(n, 8)).astype("float32")
+
+
+def binary(x: np.ndarray, rank: int) -> np.ndarray:
+    return (x.sum(axis=1) + 0.7 * np.sin(3 * x[:, 0]) > 0.4 * rank).astype("float32")[:, None]
+
+
+def dense_model(outputs: dict[str, tuple[int, str | None]]):
+    keras.utils.set_random_seed(11)
+    inputs = keras.Input(shape=(8,))
+    hidden = keras.layers.Dense(16, activation="tanh")(inputs)
+    heads = {name: keras.layers.Dense(units, activation=act, name=name)(hidden) for name, (units, act) in
+             outputs.items()}  # fmt: skip
+    return keras.Model(inputs, heads if len(heads) > 1 else next(iter(heads.values())))
+
+
+# -- scenarios: (build and compile the model, make (x, y, sample_weight) of a worker, fit kwargs) ---------------
+def classification(lr: float):
+    model = dense_model({"o": (1, "sigmoid")})
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="binary_crossentropy",
+                  metrics=["accuracy", keras.metrics.AUC(name="auc"), keras.metrics.Precision(name="precision"),
+                           keras.metrics.Recall(name="recall")])  # fmt: skip
+    return model, lambda rank, n, seed: (features(rank, n, seed), binary(features(rank, n, seed), rank), None), {}
+
+
+def multi_output(lr: float):
+    model = dense_model({"a": (1, "sigmoid"), "b": (1, None)})
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss={"a": "binary_crossentropy", "b": "mse"},
+                  loss_weights={"a": 1.0, "b": 0.5},
+                  metrics={"a": ["accuracy", keras.metrics.AUC(name="auc")], "b": ["mae", MaxAbsError()]})  # fmt: skip
+
+    def data(rank, n, seed):
+        x = features(rank, n, seed)
+        return x, {"a": binary(x, rank), "b": x[:, :3].sum(axis=1, keepdims=True) * 0.5}, None
+
+    return model, data, {}
+
+
+def weighted(lr: float):
+    model = dense_model({"o": (1, "sigmoid")})
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="binary_crossentropy",
+                  metrics=["accuracy", keras.metrics.AUC(name="auc")],
+                  weighted_metrics=[keras.metrics.BinaryAccuracy(name="w_acc")])  # fmt: skip
+
+    def data(rank, n, seed):
+        x = features(rank, n, seed)
+        return x, binary(x, rank), (1.0 + np.abs(x[:, 2])).astype("float32")
+
+    return model, data, {}
+
+
+def custom(lr: float):
+    model = dense_model({"o": (1, "sigmoid")})
+    model.compile(optimizer=keras.optimizers.SGD(lr), loss="binary_crossentropy",
+                  metrics=["accuracy", MaxAbsError(), PositiveCount(),
+                           PositiveCount(name="positives_mean_read", aggregation="mean")])  # fmt: skip
+    return model, lambda rank, n, seed: (features(rank, n, seed), binary(features(rank, n, seed), rank), None), {}
+
+
+SCENARIOS = {"classification": classification, "multi_output": multi_output, "weighted": weighted, "custom": custom}
+
+
+def dataset(data, rank: int, seed: int, batch: int, steps: int) -> tf.data.Dataset:
+    """This worker's samples: exactly ``steps`` batches of ``batch``, repeated, so every epoch sees each once."""
+    x, y, w = data(rank, batch * steps, seed)
+    parts = (x, y) if w is None else (x, y, w)
+    return tf.data.Dataset.from_tensor_slices(parts).batch(batch, drop_remainder=True).repeat()
+
+
+def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.Namespace) -> None:
+    import hvd_mlflow
+
+    lr = 0.0 if args.lr0 else 0.05
+    with strategy.scope():
+        model, data, fit_kwargs = SCENARIOS[name](lr)
+    train = strategy.distribute_datasets_from_function(lambda ctx: dataset(data, rank, 0, BATCH[rank], STEPS))
+    val = strategy.distribute_datasets_from_function(lambda ctx: dataset(data, rank, 1, VAL_BATCH[rank], VAL_STEPS))
+    if not os.environ.get("TFD_NO_HVD"):
+        hvd_mlflow.autolog(extra_tags={"scenario": name}, **json.loads(args.autolog_options))
+    seen: dict = {}
+    started = time.monotonic()
+    history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
+                        validation_steps=VAL_STEPS, verbose=0, callbacks=[SeenLogs(seen)], **fit_kwargs)  # fmt: skip
+    out = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+           "keras_own": record["local"][-1], "seen": seen.get("seen", []), "fit_s": time.monotonic() - started,
+           "samples": {"train": BATCH[rank] * STEPS, "val": VAL_BATCH[rank] * VAL_STEPS}}  # fmt: skip
+    out["keras_batches"] = record["batches"][-1]
+    if args.lr0:  # the truth, with plain Keras outside the strategy: no collective, no hvd-mlflow
+        out["own_train"], out["own_val"], out["own_batches"] = truth(name, model, [rank])
+        if rank == 0:
+            out["union_train"], out["union_val"], out["union_batches"] = truth(name, model, list(range(args.workers)))
+    record.setdefault("scenarios", {})[name] = out
+    record.save()
+
+
+def truth(name: str, trained, ranks: list[int]) -> tuple[dict, dict, list[dict]]:
+    """``trained``'s weights evaluated by a model of the default strategy on the shards of ``ranks`` together: the
+    training and validation shards, and the first ``b + 1`` training batches of each, for every batch ``b`` (what
+    Keras reports at batch ``b``: the running value since the epoch began)."""
+    model, data, _ = SCENARIOS[name](0.0)  # after fit: outside the strategy's scope, a plain model
+    model.set_weights(trained.get_weights())
+    train = [data(r, BATCH[r] * STEPS, 0) for r in ranks]
+    val = [data(r, VAL_BATCH[r] * VAL_STEPS, 1) for r in ranks]
+    prefixes = [_evaluate(model, [_head(part, BATCH[r] * (b + 1)) for r, part in zip(ranks, train, strict=True)])
+                for b in range(STEPS)]  # fmt: skip
+    return _evaluate(model, train), _evaluate(model, val), prefixes
+
+
+def _head(part, n: int):
+    x, y, w = part
+    return x[:n], ({k: v[:n] for k, v in y.items()} if isinstance(y, dict) else y[:n]), None if w is None else w[:n]
+
+
+def _evaluate(model, parts) -> dict:
+    x = np.concatenate([p[0] for p in parts])
+    if isinstance(parts[0][1], dict):
+        y = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
+    else:
+        y = np.concatenate([p[1] for p in parts])
+    w = None if parts[0][2] is None else np.concatenate([p[2] for p in parts])
+    result = model.evaluate(x, y, sample_weight=w, batch_size=7, verbose=0, return_dict=True)
+    return {k: float(np.asarray(v)) for k, v in result.items()}
+
+
+def spy_batch_logs(record: Record) -> None:
+    """Keras' own batch logs on this worker (before any callback), one dict per fit: batch index -> logs."""
+    callback_list = keras.callbacks.CallbackList
+    original_begin, original_end = callback_list.on_train_begin, callback_list.on_train_batch_end
+
+    def on_train_begin(self, logs=None):
+        record.setdefault("batches", []).append({})
+        return original_begin(self, logs)
+
+    def on_train_batch_end(self, batch, logs=None):
+        record["batches"][-1][str(batch)] = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
+        return original_end(self, batch, logs)
+
+    callback_list.on_train_begin = on_train_begin
+    callback_list.on_train_batch_end = on_train_batch_end
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--lr0", action="store_true", help="a learning rate of 0: every value has a truth")
+    parser.add_argument("--autolog-options", default="{}", help="hvd_mlflow.autolog()'s options, as JSON")
+    args = parser.parse_args()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = strategy.cluster_resolver
+    from hvd_mlflow.common import topology
+
+    cluster = resolver.cluster_spec().as_dict()
+    rank = topology.rank_in_cluster(cluster, resolver.task_type, resolver.task_id)
+    args.workers = sum(len(cluster.get(kind, [])) for kind in topology.TRAINING_TASKS)
+    logging.basicConfig(level=logging.WARNING, format=f"[worker {rank}] %(name)s %(levelname)s: %(message)s")
+    record = Record(args.out, rank)
+    record.update(pid=os.getpid(), task=[resolver.task_type, resolver.task_id], tf=tf.__version__)
+    spy_local_logs(record)
+    spy_batch_logs(record)
+    for name in args.scenarios.split(","):
+        run_scenario(name, strategy, rank, record, args)
+    record["finished"] = True
+    record.save()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
