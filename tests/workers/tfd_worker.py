@@ -154,12 +154,24 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
     if not os.environ.get("TFD_NO_HVD"):
         hvd_mlflow.autolog(extra_tags={"scenario": name}, **json.loads(args.autolog_options))
     seen: dict = {}
+    out: dict = {}
+    callbacks = [SeenLogs(seen)]
+    if args.tensorboard:  # as users add it: on every worker, into one folder
+        callbacks.append(keras.callbacks.TensorBoard(log_dir=args.tensorboard))
+    if args.user_mlflow:  # the user's own MLflow calls, on every worker alike (AzureML's examples make them)
+        import mlflow
+
+        mlflow.log_param("user_param", "from every worker")
+        mlflow.log_metric("user_metric", 10.0 + rank)
     started = time.monotonic()
     history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
-                        validation_steps=VAL_STEPS, verbose=0, callbacks=[SeenLogs(seen)], **fit_kwargs)  # fmt: skip
-    out = {"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
+                        validation_steps=VAL_STEPS, verbose=0, callbacks=callbacks, **fit_kwargs)  # fmt: skip
+    callback = _hvd_callback()
+    if callback is not None:
+        out["run_id"] = callback.run_id
+    out.update({"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
            "keras_own": record["local"][-1], "seen": seen.get("seen", []), "fit_s": time.monotonic() - started,
-           "samples": {"train": BATCH[rank] * STEPS, "val": VAL_BATCH[rank] * VAL_STEPS}}  # fmt: skip
+           "samples": {"train": BATCH[rank] * STEPS, "val": VAL_BATCH[rank] * VAL_STEPS}})  # fmt: skip
     out["keras_batches"] = record["batches"][-1]
     if args.lr0:  # the truth, with plain Keras outside the strategy: no collective, no hvd-mlflow
         out["own_train"], out["own_val"], out["own_batches"] = truth(name, model, [rank])
@@ -198,6 +210,14 @@ def _evaluate(model, parts) -> dict:
     return {k: float(np.asarray(v)) for k, v in result.items()}
 
 
+_CALLBACKS: list = []
+
+
+def _hvd_callback():
+    """The HorovodMlflowCallback autolog added to the last fit (seen by the spy on Keras' callback list)."""
+    return next((cb for cb in reversed(_CALLBACKS) if type(cb).__name__ == "HorovodMlflowCallback"), None)
+
+
 def spy_batch_logs(record: Record) -> None:
     """Keras' own batch logs on this worker (before any callback), one dict per fit: batch index -> logs."""
     callback_list = keras.callbacks.CallbackList
@@ -205,6 +225,7 @@ def spy_batch_logs(record: Record) -> None:
 
     def on_train_begin(self, logs=None):
         record.setdefault("batches", []).append({})
+        _CALLBACKS[:] = list(self.callbacks)
         return original_begin(self, logs)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -222,14 +243,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--lr0", action="store_true", help="a learning rate of 0: every value has a truth")
     parser.add_argument("--autolog-options", default="{}", help="hvd_mlflow.autolog()'s options, as JSON")
+    parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every worker, this folder")
+    parser.add_argument("--user-mlflow", action="store_true", help="mlflow.log_param/log_metric on every worker")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
-    from hvd_mlflow.common import topology
-
-    cluster = resolver.cluster_spec().as_dict()
-    rank = topology.rank_in_cluster(cluster, resolver.task_type, resolver.task_id)
-    args.workers = sum(len(cluster.get(kind, [])) for kind in topology.TRAINING_TASKS)
+    cluster = resolver.cluster_spec().as_dict()  # tf.distribute's own order: the chief first, then the workers
+    chiefs = len(cluster.get("chief", []))
+    rank = resolver.task_id if resolver.task_type == "chief" else resolver.task_id + chiefs
+    args.workers = chiefs + len(cluster.get("worker", []))
     logging.basicConfig(level=logging.WARNING, format=f"[worker {rank}] %(name)s %(levelname)s: %(message)s")
     record = Record(args.out, rank)
     record.update(pid=os.getpid(), task=[resolver.task_type, resolver.task_id], tf=tf.__version__)
