@@ -65,9 +65,23 @@ class RunLifecycle:
         if not name:
             return DEFAULT_EXPERIMENT_ID
         experiment = self.client.get_experiment_by_name(name)
-        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        experiment_id = experiment.experiment_id if experiment else self._create_experiment(name)
         self.meta = self.journal.update_meta(experiment_id=experiment_id)
         return experiment_id
+
+    def _create_experiment(self, name: str) -> str:
+        """Create ``name``; when another job created it an instant earlier (a sweep's jobs starting together: the
+        server answers RESOURCE_ALREADY_EXISTS), take that one."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return str(self.client.create_experiment(name))
+        except MlflowException as error:
+            raced = error.error_code == "RESOURCE_ALREADY_EXISTS"
+            experiment = self.client.get_experiment_by_name(name) if raced else None
+            if experiment is None:
+                raise
+            return str(experiment.experiment_id)
 
     def _remember_run(self, run_id: str) -> str:
         self.meta = self.journal.update_meta(run_id=run_id, created_run=True)

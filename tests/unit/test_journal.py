@@ -302,3 +302,39 @@ def test_live_journal_appends_many_to_memory_after_a_fall_back(tmp_path):
     assert live.in_memory
     assert [(e.step, e.payload["loss"]) for e in live.pending()] == [(0, 1.0), (1, 0.5), (2, 0.25)]
     assert last == live.pending()[-1].seq
+
+
+def test_two_trainings_that_create_the_same_new_experiment_at_once_both_open_their_runs(tmp_path):
+    """Two jobs starting together into a new experiment name (a sweep): both look it up, find none, and create it;
+    the second creation is refused (RESOURCE_ALREADY_EXISTS) and must find the first one's, not give up on the run."""
+    from mlflow.entities import Experiment
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import RESOURCE_ALREADY_EXISTS
+
+    from hvd_mlflow.delivery.run_lifecycle import RunLifecycle
+
+    class Raced:
+        made: list[str] = []
+
+        def get_experiment_by_name(self, name):
+            return Experiment("42", name, "", "active") if self.made else None
+
+        def create_experiment(self, name):
+            self.made.append(name)  # the other job's, an instant earlier
+            raise MlflowException(f"Experiment '{name}' already exists.", error_code=RESOURCE_ALREADY_EXISTS)
+
+    journal = LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri="http://x", experiment_name="new")))
+    lifecycle = RunLifecycle(journal, Raced())
+    assert lifecycle._experiment_id() == "42" and journal.meta().experiment_id == "42"
+
+
+def test_a_released_journal_still_says_how_many_entries_it_left(tmp_path):
+    """The sender thread releases the journal when it ends during close(); close() then counts what is left to say
+    where it is kept (seen: 'this journal was released' raised out of close, at the end of a fit)."""
+    live = LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri="http://x")))
+    live.append_many([("metrics", {"loss": 1.0}, 0, 1), ("metrics", {"loss": 0.5}, 1, 2)])
+    live.acknowledge([live.pending()[0].seq])
+    live.release()
+    assert live.count() == 1
+    reopened = FileJournal.open(next(tmp_path.glob("*.journal.sqlite")))
+    assert reopened.count() == 1

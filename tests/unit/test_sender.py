@@ -175,3 +175,37 @@ def test_short_epochs_are_packed_one_request_per_send_interval(tmp_path, fake):
     assert fake.points == step  # every epoch delivered, once
     allowed = int(elapsed / sender_module.MIN_SEND_INTERVAL_S) + 1
     assert during <= allowed, f"{during} requests for {step} epochs in {elapsed:.2f} s (at most {allowed})"
+
+
+def test_a_sender_that_cannot_open_the_run_ends_and_close_says_what_is_kept(tmp_path, monkeypatch, caplog):
+    """A permanent refusal of the run (a 400 when it is created) ends the sender thread, which releases the journal:
+    close() must still return (False) and say where the entries are kept, not raise on the released journal (seen:
+    'this journal was released (its sender ended)' out of close(), in a fit's end)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+    class Refusing:
+        def search_runs(self, *args, **kwargs):
+            return []
+
+        def create_run(self, *args, **kwargs):
+            raise MlflowException("refused for good", error_code=INVALID_PARAMETER_VALUE)
+
+        def __getattr__(self, name):
+            raise AssertionError(f"not asked: {name}")
+
+    monkeypatch.setattr("mlflow.MlflowClient", lambda uri: Refusing())
+    meta = JournalMeta.new(tracking_uri="http://fake", experiment_id="1", resume="log")
+    sender = Sender(LiveJournal(FileJournal.create(tmp_path, meta)), "http://fake", MLFLOW)
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    sender.begin()
+    deadline = time.monotonic() + 10
+    while sender.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not sender.alive  # it gave up on the run
+    with caplog.at_level("WARNING", logger="hvd_mlflow"):
+        assert sender.close("FINISHED", deadline=time.monotonic() + 5) is False
+    assert "hvd-mlflow sync" in caplog.text and str(tmp_path) in caplog.text
+    assert list(tmp_path.glob("*.journal.sqlite"))  # kept for sync

@@ -40,6 +40,7 @@ class LiveJournal(AppendsOne):
         self._last_meta = journal.meta()
         self._last_seq = 0  # the highest sequence number handed out: a memory journal continues after it
         self._released = False
+        self._left_at_release = 0
         # after a fall-back: the file's entries the memory journal took over, and what became of them there
         # (seq -> state, reason), written back into the file at release
         self._taken: set[int] = set()
@@ -138,7 +139,12 @@ class LiveJournal(AppendsOne):
         return self._call("pending", limit, kinds=kinds, after=after)
 
     def count(self, state: int = PENDING) -> int:
-        return self._call("count", state)
+        """Entries in ``state``; after :meth:`release`, the pending entries it left (the sender thread may release
+        the journal while ``close`` is about to say what is kept)."""
+        with self._lock:
+            if self._released and state == PENDING:
+                return self._left_at_release
+            return self._call("count", state)
 
     def release(self, delete: bool = False) -> None:
         """Close the file, which releases its writer lock (``sync`` may take over); ``delete``: remove it, when
@@ -147,9 +153,13 @@ class LiveJournal(AppendsOne):
             if self._released:
                 return
             self._released = True
+            current = self._current
+            try:
+                self._left_at_release = current.count()
+            except STORAGE_ERRORS:
+                self._left_at_release = 0
             if self.file is None:
                 return
-            current = self._current
             if delete and (current is self.file or (isinstance(current, MemoryJournal) and current.took_all)):
                 self.file.delete()
                 return
