@@ -33,7 +33,7 @@ READY_KEY = "compiled_ready"  # what each rank carries in the epoch's collective
 
 
 class Traced:
-    """One function, traced once in a daemon thread; :attr:`ready` once its concrete function exists."""
+    """One function, traced once in a thread of its own; :attr:`ready` once its concrete function exists."""
 
     def __init__(self, trace: Callable[[], Any]) -> None:
         self._trace = trace
@@ -42,9 +42,13 @@ class Traced:
         self.failed = False
 
     def start(self) -> None:
-        """Begin tracing (once; later calls do nothing)."""
+        """Begin tracing (once; later calls do nothing).
+
+        Not a daemon thread: the interpreter waits for it at exit (a trace takes well under a second). A daemon
+        thread still inside TensorFlow's tracing when the process ends aborts it (``terminate called after throwing
+        an instance of '%'``, signal 6): seen when a short fit ends as the trace of its first epoch end runs."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="hvd-mlflow-trace", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="hvd-mlflow-trace", daemon=False)
             self._thread.start()
 
     def _run(self) -> None:
