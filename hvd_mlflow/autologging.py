@@ -27,7 +27,7 @@ from .common import dependencies, topology
 from .config import AutologOptions
 from .delivery import destination, folder_artifacts, mlflow_calls
 from .errors import HvdMlflowError
-from .every_rank import elastic, fit_call, keras_flavour, shards, tensorboard
+from .every_rank import collectives, elastic, fit_call, keras_flavour, shards, tensorboard
 
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
@@ -143,6 +143,7 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
         options = _options
         if options is None:
             return original(self, *args, **kwargs)
+        collectives.check_strategy(self)  # Keras 3 under a multi-worker strategy: refused on every worker alike
         bound = plan.bind(self, args, kwargs)
         given = bound.arguments.get("callbacks")
         theirs = [cb for cb in _callbacks_in(given) if isinstance(cb, HorovodMlflowCallback)]

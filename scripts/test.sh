@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Set up the support matrix's three rows (from nothing if needed; docs/support-matrix.md) and run every test:
+# Set up the support matrix's four rows (from nothing if needed; docs/support-matrix.md) and run every test:
 #   ruff, then pytest once per row: "plain MLflow, newest" (TF 2.16 + Keras 3, MLflow 3.17, no AzureML plugin),
 #   "AzureML today" (TF 2.16 + tf_keras with TF_USE_LEGACY_KERAS=1, MLflow 3.15 + azureml-mlflow), "oldest
-#   supported" (TF 2.15 + Keras 2, MLflow 2.12 + azureml-mlflow 1.56, Python 3.10). Extra arguments go to pytest.
+#   supported" (TF 2.15 + Keras 2, MLflow 2.12 + azureml-mlflow 1.56, Python 3.10), "tf.distribute, newest TensorFlow"
+#   (TF 2.21 + tf_keras, no Horovod, MLflow 3.15 + azureml-mlflow: the tf.distribute engine's tests only). Extra
+#   arguments go to pytest.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 start=$(date +%s)
+export HVD_MLFLOW_SUITE="$$-$start"  # marks every process the suite starts (checked at the end)
 
 venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
 venv_newest=$(scripts/setup-env.sh newest | tail -n 1) || exit 1
 venv_oldest=$(scripts/setup-env.sh oldest | tail -n 1) || exit 1
+venv_tfd=$(scripts/setup-env.sh tfdistribute | tail -n 1) || exit 1
 # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
 if ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -41,12 +45,15 @@ run_suite() {  # label python [env...]
 # row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin path) run
 # where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in the
 # AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest).
-pytest_args=(-m "not multinode and not mpirun and not azureml" "$@")
+pytest_args=(-m "not multinode and not mpirun and not azureml and not tfdistribute" "$@")
 run_suite newest "$venv_newest/bin/python" TF_USE_LEGACY_KERAS=0
-pytest_args=(-m "multinode or mpirun or azureml or not (faults or browser or docs or once)" "$@")
+pytest_args=(-m "not tfdistribute and (multinode or mpirun or azureml or not (faults or browser or docs or once))" "$@")
 run_suite azureml "$venv/bin/python" TF_USE_LEGACY_KERAS=1
-pytest_args=(-m "mpirun or not (faults or browser or docs or once or multinode)" "$@")
+pytest_args=(-m "not tfdistribute and (mpirun or not (faults or browser or docs or once or multinode))" "$@")
 run_suite oldest "$venv_oldest/bin/python" TF_USE_LEGACY_KERAS=0
+# The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).
+pytest_args=(-m "tfdistribute" "$@")
+run_suite tfdistribute "$venv_tfd/bin/python" TF_USE_LEGACY_KERAS=1
 
 echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)
@@ -54,5 +61,19 @@ t0=$(date +%s)
 echo "== benchmarks: $(( $(date +%s) - t0 )) s"
 
 "$venv/bin/python" scripts/junit_summary.py "$reports"
+# Nothing this suite started may outlive it (a server's workers, a rank, a tf.distribute worker): every process it
+# started carries HVD_MLFLOW_SUITE in its environment.
+sleep 2
+marked=$(grep -lsz "^HVD_MLFLOW_SUITE=$HVD_MLFLOW_SUITE\$" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3)
+left=""
+for pid in $marked; do  # the scan's own processes have ended by now; this script is not one of them
+  [ "$pid" != "$$" ] && [ -d "/proc/$pid" ] && left="$left $pid"
+done
+if [ -n "${left// /}" ]; then
+  echo "== processes started by the suite are still running (ended now):"
+  for pid in $left; do ps -o pid=,args= -p "$pid" | cut -c1-200; done
+  for pid in $left; do kill -9 "$pid" 2>/dev/null; done
+  status=1
+fi
 echo "== all done in $(( $(date +%s) - start )) s"
 exit $status

@@ -34,7 +34,10 @@ def require_training_stack() -> None:
     """TensorFlow importable, else one error with the command that installs it (Horovod is asked for only where a
     job uses it)."""
     if importlib.util.find_spec("tensorflow") is None:
-        raise MissingDependencyError(f"hvd-mlflow needs TensorFlow ({TENSORFLOW})")
+        raise MissingDependencyError(
+            f"hvd-mlflow needs TensorFlow ({TENSORFLOW}); a Horovod job also needs Horovod, compiled against that "
+            f"TensorFlow ({HOROVOD}), a tf.distribute job does not"
+        )
 
 
 def horovod_installed() -> bool:

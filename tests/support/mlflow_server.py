@@ -1,8 +1,14 @@
-"""A real ``mlflow server`` (sqlite backend) on 127.0.0.1 at a free port."""
+"""A real ``mlflow server`` (sqlite backend) on 127.0.0.1 at a free port.
+
+The server runs in a process group of its own (``mlflow server`` starts gunicorn or uvicorn, whose master starts
+workers): :meth:`MlflowServer.stop` ends the whole group, so no worker outlives the test that started it (seen before:
+the oldest row's gunicorn master and worker still running an hour after the suite, their parent gone).
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +41,7 @@ class MlflowServer:
                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
             ],
             stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-            env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+            env={**os.environ, "MLFLOW_TRACKING_URI": ""}, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline:
@@ -55,10 +61,28 @@ class MlflowServer:
             return False
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+        """End the server's whole process group (TERM, then KILL after 20 s), its workers included."""
+        if self.process is None:
+            return
+        group = self.process.pid  # start_new_session: the group's id is the server's pid
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
             try:
-                self.process.wait(20)
+                os.killpg(group, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(wait)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                continue
+            if not _group_alive(group):
+                break
+            time.sleep(0.2)  # the master ended before its workers: give them a moment, then KILL what is left
+        self.process.poll()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -147,10 +147,15 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
     import hvd_mlflow
 
     lr = 0.0 if args.lr0 else 0.05
-    with strategy.scope():
+    if args.outside_scope:  # the user forgot strategy.scope(): each worker would train alone
         model, data, fit_kwargs = SCENARIOS[name](lr)
+    else:
+        with strategy.scope():
+            model, data, fit_kwargs = SCENARIOS[name](lr)
     train = strategy.distribute_datasets_from_function(lambda ctx: dataset(data, rank, 0, BATCH[rank], STEPS))
     val = strategy.distribute_datasets_from_function(lambda ctx: dataset(data, rank, 1, VAL_BATCH[rank], VAL_STEPS))
+    if args.outside_scope:  # and, as such a script does, plain datasets
+        train, val = dataset(data, rank, 0, BATCH[rank], STEPS), dataset(data, rank, 1, VAL_BATCH[rank], VAL_STEPS)
     if not os.environ.get("TFD_NO_HVD"):
         hvd_mlflow.autolog(extra_tags={"scenario": name}, **json.loads(args.autolog_options))
     seen: dict = {}
@@ -164,8 +169,13 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
         mlflow.log_param("user_param", "from every worker")
         mlflow.log_metric("user_metric", 10.0 + rank)
     started = time.monotonic()
-    history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
-                        validation_steps=VAL_STEPS, verbose=0, callbacks=callbacks, **fit_kwargs)  # fmt: skip
+    try:
+        history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
+                            validation_steps=VAL_STEPS, verbose=0, callbacks=callbacks, **fit_kwargs)  # fmt: skip
+    except Exception as error:
+        record["raised"] = f"{type(error).__name__}: {error}"
+        record.save()
+        raise
     callback = _hvd_callback()
     if callback is not None:
         out["run_id"] = callback.run_id
@@ -245,6 +255,7 @@ def main() -> None:
     parser.add_argument("--autolog-options", default="{}", help="hvd_mlflow.autolog()'s options, as JSON")
     parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every worker, this folder")
     parser.add_argument("--user-mlflow", action="store_true", help="mlflow.log_param/log_metric on every worker")
+    parser.add_argument("--outside-scope", action="store_true", help="the model built outside strategy.scope()")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
