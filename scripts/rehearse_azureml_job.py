@@ -1,12 +1,17 @@
 """Rehearse an AzureML command job before paying for it (scripts/rehearse-azureml-job.sh; Linux, root).
 
-The job's ``command`` runs the way AzureML's ``distribution: type: mpi`` runs it: Open MPI's mpirun on node 0 over
-``resources.instance_count`` simulated nodes (network namespaces with their own hostnames and working directories,
-tests/support/cluster.py), ``process_count_per_instance`` ranks each, the code snapshot (``code:``) copied to each
-node's directory, the job's ``environment_variables`` and AzureML's MLflow variables (tracking URI, token, run id)
-set for every rank, and the tracking server on a third host behind the offline AzureML front, reached through the
-real azureml-mlflow plugin. Then the job's run is printed as run-example.sh prints one: status, each curve's
-points, which ranks ran where, and which hosts talked to the tracking server.
+The job's ``command`` runs over ``resources.instance_count`` simulated nodes (network namespaces with their own
+hostnames and working directories, tests/support/cluster.py) the way AzureML runs its ``distribution``:
+
+* ``type: mpi``: Open MPI's mpirun on node 0, ``process_count_per_instance`` ranks on each node;
+* ``type: tensorflow``: ``worker_count`` plain processes spread evenly over the nodes, each with the ``TF_CONFIG``
+  AzureML writes (every worker on its node's address, no chief task: worker 0 is the chief).
+
+The code snapshot (``code:``) is copied to each node's directory, the job's ``environment_variables`` and AzureML's
+MLflow variables (tracking URI, token, run id) are set for every process, and the tracking server is on a third
+host behind the offline AzureML front, reached through the real azureml-mlflow plugin. Then the job's run is
+printed as run-example.sh prints one: status, each curve's points, which ranks ran where, and which hosts talked to
+the tracking server.
 
 What it cannot rehearse: Azure itself (the compute cluster, the image build, Studio's rendering, real tokens and
 throttling): docs/azureml.md.
@@ -21,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
@@ -28,6 +34,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.support import tf_workers  # noqa: E402
 from tests.support.cluster import Cluster, unavailable  # noqa: E402
 from tests.support.environment import clean_environment  # noqa: E402
 from tests.support.tracking_host import TrackingHost  # noqa: E402
@@ -47,11 +54,21 @@ def main() -> int:
         return 2
     spec = yaml.safe_load(args.job.read_text())
     distribution = spec.get("distribution") or {}
-    if distribution.get("type") != "mpi":
-        print(f"rehearse-azureml-job: {args.job} is not an MPI job (distribution.type: mpi)", file=sys.stderr)
+    kind = distribution.get("type")
+    if kind not in ("mpi", "tensorflow"):
+        print(f"rehearse-azureml-job: {args.job}: distribution.type is {kind!r}; this rehearses mpi and tensorflow",
+              file=sys.stderr)  # fmt: skip
         return 2
     nodes = args.nodes or int((spec.get("resources") or {}).get("instance_count", 1))
-    per_node = args.ranks_per_node or int(distribution.get("process_count_per_instance", 1))
+    if kind == "mpi":
+        per_node = args.ranks_per_node or int(distribution.get("process_count_per_instance", 1))
+    else:
+        workers = int(distribution.get("worker_count", nodes))
+        per_node = args.ranks_per_node or max(1, workers // nodes)
+        if not args.ranks_per_node and workers != per_node * nodes:
+            print(f"rehearse-azureml-job: worker_count {workers} does not spread evenly over {nodes} nodes",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     command = _command(spec, args.input)
     code = (args.job.parent / spec.get("code", ".")).resolve()
     with tempfile.TemporaryDirectory(prefix="rehearse-") as tmp:
@@ -68,15 +85,52 @@ def main() -> int:
             job_variables = {k: str(v) for k, v in (spec.get("environment_variables") or {}).items()}
             path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"  # the image's python
             variables = {**job_environment, **job_variables, "PATH": path}
-            print(f"== {nodes} node(s) x {per_node} rank(s): {command}", flush=True)
-            launch = cluster.mpirun(per_node, ["bash", "-c", command], variables, exported=sorted(variables))
-            done = subprocess.run([str(cluster.enter), "node0", *launch], env={**clean_environment(), **variables},
-                                  timeout=args.timeout)  # fmt: skip
+            unit = "rank" if kind == "mpi" else "worker"
+            print(f"== {nodes} node(s) x {per_node} {unit}(s), {kind}: {command}", flush=True)
+            if kind == "mpi":
+                code_ = _mpi(cluster, per_node, command, variables, args.timeout)
+            else:
+                code_ = _tensorflow(cluster, folder, per_node, command, variables, args.timeout)
             _show(host, run_id, cluster)
-            return done.returncode
+            return code_
         finally:
             host.stop()
             cluster.down()
+
+
+def _mpi(cluster: Cluster, per_node: int, command: str, variables: dict[str, str], timeout: float) -> int:
+    launch = cluster.mpirun(per_node, ["bash", "-c", command], variables, exported=sorted(variables))
+    done = subprocess.run([str(cluster.enter), "node0", *launch], env={**clean_environment(), **variables},
+                          timeout=timeout)  # fmt: skip
+    return done.returncode
+
+
+def tf_configs(cluster: Cluster, per_node: int, port: int = 23456) -> list[tuple[str, str]]:
+    """(node, TF_CONFIG) per worker, as AzureML writes them: workers only, worker w on node w // per_node."""
+    nodes = cluster.nodes
+    workers = [(nodes[w // per_node], port + w % per_node) for w in range(per_node * len(nodes))]
+    spec = {"worker": [f"{node.address}:{p}" for node, p in workers]}
+    return [(node.name, tf_workers.tf_config(spec, ("worker", w))) for w, (node, _) in enumerate(workers)]
+
+
+def _tensorflow(cluster: Cluster, folder: Path, per_node: int, command: str, variables: dict[str, str],
+                timeout: float) -> int:  # fmt: skip
+    processes = []
+    for index, (node, tf_config) in enumerate(tf_configs(cluster, per_node)):
+        log = folder / f"worker{index}.log"
+        env = {**clean_environment(), **variables, "TF_CONFIG": tf_config}
+        processes.append((index, log, cluster.popen(node, ["bash", "-c", command], env, log)))
+    deadline = time.monotonic() + timeout
+    codes = []
+    for index, log, process in processes:
+        try:
+            codes.append(process.wait(max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            codes.append(process.wait())
+        for line in log.read_text(errors="replace").splitlines():
+            print(f"[worker {index}] {line}")
+    return next((code for code in codes if code), 0)
 
 
 def _command(spec: dict, overrides: list[str]) -> str:

@@ -36,9 +36,11 @@ OPEN_AFTER_FAILURES = 3
 # At most about two uploads a second: epochs shorter than that are packed into one request instead of costing
 # rank 0 a request (and the CPU to build it) each. Longer epochs still go one request per epoch, at once.
 MIN_SEND_INTERVAL_S = 0.5
-# The server is known not to answer when the circuit is open, or when it has never answered this sender and
-# its request has been waiting this long. Then the end of ``fit`` waits only DOWN_GRACE_S more.
+# The server is known not to answer when the circuit is open, or when a call has waited UNANSWERED_S and
+# SILENT_FACTOR times the slowest answer this sender had (a server that answered before and went silent, a host
+# gone from the network, is known too). Then the end of ``fit`` waits only DOWN_GRACE_S more.
 UNANSWERED_S = 6.0
+SILENT_FACTOR = 4.0
 DOWN_GRACE_S = 3.0
 # The longest the sender holds MLflow's import and the run back when the first epoch is long: a run the sender
 # creates is visible in the UI by then, and Keras' tracing, at the epoch's start, is over.
@@ -106,8 +108,8 @@ class Sender:
         self._run_opened = threading.Event()
         self._begun = threading.Event()  # the first epoch is over (or the fit is): MLflow's import may start
         self._last_send = 0.0
-        self._answered = False  # the server answered at least one request of this sender
-        self._request_since: float | None = None  # when the upload in flight began
+        self._call_since: float | None = None  # when the server call in flight began
+        self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
         self.run_id: str | None = journal.meta().run_id
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
@@ -138,12 +140,16 @@ class Sender:
         return self.run_id
 
     def server_down(self) -> bool:
-        """The sender's own evidence that the server does not answer: the circuit is open, or the server never
-        answered and the request in flight has waited :data:`UNANSWERED_S`."""
+        """The sender's own evidence that the server does not answer: the circuit is open, or the call in flight
+        has waited :data:`UNANSWERED_S` and :data:`SILENT_FACTOR` times the slowest answer so far."""
         if self._backoff.is_open:
             return True
-        since = self._request_since
-        return not self._answered and since is not None and time.monotonic() - since > UNANSWERED_S
+        since = self._call_since
+        waited = time.monotonic() - since if since is not None else 0.0
+        return waited > max(UNANSWERED_S, SILENT_FACTOR * self._slowest_answer_s)
+
+    def _answered_after(self, started: float) -> None:
+        self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -235,7 +241,6 @@ class Sender:
         except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training
             logger.warning("hvd-mlflow: the sender stopped: %s: %s", type(error).__name__, redact(str(error))[:300])
         finally:
-            self._request_since = None
             if self._closing or self._stopping:  # else the training thread still journals: close() releases
                 self._release()
 
@@ -252,7 +257,6 @@ class Sender:
             self._wake = False
             closing = self._closing
         self._last_send = time.monotonic()
-        self._request_since = time.monotonic()
         try:
             self.run_id = uploader.ensure_run()
             self._run_opened.set()
@@ -272,8 +276,6 @@ class Sender:
                 return False
             self._failed(error)
             self._wake = True  # try again when the backoff allows
-        finally:
-            self._request_since = None
         return True
 
     def _pause(self) -> float:
@@ -312,13 +314,17 @@ class _NoticingAnswers:
             return attribute
 
         def call(*args: object, **kwargs: object) -> object:
+            sender = self._sender
+            started = sender._call_since = time.monotonic()
             try:
                 result = attribute(*args, **kwargs)
             except Exception as error:
                 if http_status(error) is not None:  # an HTTP answer, even a refusal, means the server is up
-                    self._sender._answered = True
+                    sender._answered_after(started)
                 raise
-            self._sender._answered = True
+            finally:
+                sender._call_since = None
+            sender._answered_after(started)
             return result
 
         return call

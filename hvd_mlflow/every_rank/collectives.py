@@ -37,6 +37,8 @@ class Collectives(Protocol):
     keeps_weights_in_step: bool
     # fit's batch_size is the global batch, which the engine splits over ranks (tf.distribute), not each rank's
     batch_is_global: bool
+    # saving the model runs the engine's collectives (tf.distribute's mirrored variables): rank 0 cannot save alone
+    saving_is_collective: bool
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
     def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
@@ -50,7 +52,7 @@ class Solo:
     rank = 0
     size = 1
     engine = "single process"
-    logs_are_global = keeps_weights_in_step = batch_is_global = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = False
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
@@ -69,7 +71,7 @@ class Horovod:
     """The collectives of an initialised ``horovod.tensorflow``."""
 
     engine = "horovod"
-    logs_are_global = keeps_weights_in_step = batch_is_global = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = False
 
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
@@ -105,7 +107,7 @@ class TfDistribute:
     """
 
     engine = "tf.distribute"
-    logs_are_global = keeps_weights_in_step = batch_is_global = True
+    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = True
 
     def __init__(self, strategy: Any, rank: int, size: int) -> None:
         self._strategy = strategy

@@ -22,8 +22,12 @@ Outside tf.distribute (Horovod, one process) every function leaves the variables
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
+
+_EAGER_RUN_WARNING = "eagerly has significant overhead"  # tf.distribute's mirrored_run, on an eager strategy.run
 
 
 def tf_variable(variable: Any) -> Any:
@@ -64,8 +68,33 @@ def strategy_of(variables: Sequence[Any]) -> Any | None:
 
 
 def in_replicas(strategy: Any, function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` in replica context on every local replica; the first one's result."""
-    return strategy.experimental_local_results(strategy.run(function, args=args))[0]
+    """``function(*args)`` in replica context on every local replica; the first one's result.
+
+    Run eagerly (until hvd-mlflow's compiled functions are ready: :mod:`~hvd_mlflow.every_rank.tracing`), which
+    makes TensorFlow warn "Using CollectiveAllReduceStrategy eagerly has significant overhead", about a call of a
+    few milliseconds per epoch that is not the user's: that warning is dropped here, on this thread, for this call."""
+    _QuietEagerRun.install()
+    _QuietEagerRun.active.on = True
+    try:
+        return strategy.experimental_local_results(strategy.run(function, args=args))[0]
+    finally:
+        _QuietEagerRun.active.on = False
+
+
+class _QuietEagerRun(logging.Filter):
+    """On TensorFlow's logger: drops the eager ``strategy.run`` warning while :func:`in_replicas` runs."""
+
+    active = threading.local()
+    _installed = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(self.active, "on", False) and _EAGER_RUN_WARNING in record.getMessage())
+
+    @classmethod
+    def install(cls) -> None:
+        if not cls._installed:
+            cls._installed = True
+            logging.getLogger("tensorflow").addFilter(cls())
 
 
 def result(metric: Any) -> Any:

@@ -229,7 +229,18 @@ class RankZeroSteps:
             self._csv_logger.on_train_begin()
 
     def _logs_models(self) -> bool:
-        """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside."""
+        """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside.
+        Never where saving runs the engine's collectives (tf.distribute): the chief saving alone would wait for
+        workers that never join, and fail the user's own ``model.save`` after it (seen: UnavailableError)."""
+        if self._comm.saving_is_collective:
+            if self.options.log_models:
+                logger.warning(
+                    "hvd-mlflow: log_models is off under %s: saving the model runs the strategy's collectives on "
+                    "every worker, so the chief cannot save it alone. Save it on every worker (model.save, the "
+                    "others into folders of their own) and log the chief's with mlflow.log_artifacts.",
+                    self._comm.engine,
+                )
+            return False
         if self.options.log_models is not None:
             return self.options.log_models
         import mlflow

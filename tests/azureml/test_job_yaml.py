@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from azure.ai.ml import MpiDistribution, load_environment, load_job
+from azure.ai.ml import MpiDistribution, TensorFlowDistribution, load_environment, load_job
 from azure.ai.ml.entities import Command, CommandJob
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "azureml"
@@ -31,3 +31,24 @@ def test_environment_yaml_builds_from_the_docker_context():
     # the image pins what the tests run with
     repo_pins = (EXAMPLE.parents[1] / "requirements" / "tf2.16.txt").read_text()
     assert (context / "constraints.txt").read_text() == repo_pins
+
+
+def test_the_tf_distribute_job_is_two_nodes_one_worker_each_in_an_image_without_horovod():
+    job = load_job(EXAMPLE / "job-tfdistribute.yml")
+    assert isinstance(job, CommandJob | Command)
+    assert isinstance(job.distribution, TensorFlowDistribution)
+    assert job.distribution.worker_count == 2 and job.resources.instance_count == 2  # one worker per node
+    assert job.environment_variables["TF_USE_LEGACY_KERAS"] == "1"  # Keras 3 cannot train with the strategy
+    assert "examples/train_cnn_tfdistribute.py" in job.command
+    assert (EXAMPLE / job.code).resolve() == EXAMPLE.parents[1]
+    environment = load_environment(EXAMPLE / "environment-tfdistribute.yml")
+    assert job.environment.removeprefix("azureml:") == f"{environment.name}:{environment.version}"
+    context = EXAMPLE / "environment-tfdistribute"
+    dockerfile = (context / "Dockerfile").read_text()
+    commands = [line for line in dockerfile.lower().splitlines() if line.strip() and not line.startswith("#")]
+    assert commands and not any("horovod" in line for line in commands)  # nothing of Horovod is installed
+    repo_pins = (EXAMPLE.parents[1] / "requirements" / "tfdistribute.txt").read_text()
+    assert (context / "constraints.txt").read_text() == repo_pins
+    pins = dict(line.split("==") for line in (context / "constraints.txt").read_text().splitlines() if "==" in line)
+    for package in ("tensorflow-cpu", "tf-keras", "mlflow-skinny", "azureml-mlflow"):
+        assert f"{package}=={pins[package]}" in dockerfile, package

@@ -49,3 +49,18 @@ def test_keras_3_under_multi_worker_mirrored_strategy_is_refused_naming_tf_keras
         assert "tf-keras" in raised and "TF_USE_LEGACY_KERAS=1" in raised
         assert done.rank(rank)["flavour"] == "keras"
     assert runs == []
+
+
+def test_log_models_is_off_under_the_strategy_and_every_worker_saves_its_model_as_azure_s_example_does(
+    tmp_path, client
+):
+    """Saving a model under MultiWorkerMirroredStrategy runs the strategy's collectives on every worker: the chief
+    logging the model alone at the end of fit waits for workers that never join, then the user's own model.save fails
+    (seen on the code before: UnavailableError out of the chief's model.save). log_models=1 is refused with a
+    warning, and the user's save after fit works on both workers."""
+    done, runs = launch(tmp_path, client, ["--save", str(tmp_path / "saved")], env={"HVD_MLFLOW_LOG_MODELS": "1"})
+    assert done.returncode == 0, done.output[-4000:]
+    assert [done.rank(r)["scenarios"]["classification"]["saved"] for r in (0, 1)] == [True, True]
+    assert "log_models is off under tf.distribute" in done.output
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert client.list_artifacts(runs[0].info.run_id, "model") == []  # no model logged by the chief alone

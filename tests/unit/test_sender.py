@@ -209,3 +209,43 @@ def test_a_sender_that_cannot_open_the_run_ends_and_close_says_what_is_kept(tmp_
         assert sender.close("FINISHED", deadline=time.monotonic() + 5) is False
     assert "hvd-mlflow sync" in caplog.text and str(tmp_path) in caplog.text
     assert list(tmp_path.glob("*.journal.sqlite"))  # kept for sync
+
+
+def test_a_server_that_answered_then_went_silent_costs_the_end_of_fit_a_few_seconds(tmp_path, fake, monkeypatch):
+    """A tracking host gone from the network mid-run (it answered every request until then): its next request
+    hangs. Seen in the two-node tf.distribute test: the end of fit waited the whole flush_timeout (61.8 s), the
+    server never counted as down because it had answered before."""
+    monkeypatch.setattr(sender_module, "UNANSWERED_S", 0.5)
+    monkeypatch.setattr(sender_module, "DOWN_GRACE_S", 0.5)
+    monkeypatch.setattr(sender_module, "MIN_SEND_INTERVAL_S", 0.0)
+    sender = make_sender(tmp_path)
+    sender.start()
+    sender.begin()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    for _ in range(100):
+        if fake.points:
+            break
+        time.sleep(0.02)
+    assert fake.points == 1 and not sender.server_down()  # answered at once
+    fake.blocked.set()  # from now on the server does not answer
+    sender.journal.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=2)
+    sender.notify()
+    time.sleep(0.8)  # the call in flight has waited UNANSWERED_S, and far longer than any answer before
+    assert sender.server_down()
+    start = time.monotonic()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
+    assert time.monotonic() - start < 1.5  # not the 60 s of flush_timeout
+    fake.release.set()
+
+
+def test_a_slow_server_that_answers_is_not_taken_for_a_silent_one(tmp_path, monkeypatch):
+    """Answers that take long (a throttled or distant server) raise the bar: a call waiting less than
+    SILENT_FACTOR times the slowest answer so far is still expected to come back."""
+    monkeypatch.setattr(sender_module, "UNANSWERED_S", 0.1)
+    sender = make_sender(tmp_path)
+    sender._answered_after(time.monotonic() - 0.5)  # an answer that took 0.5 s
+    sender._call_since = time.monotonic() - 1.0  # a call waiting 1 s: under 4 x 0.5 s
+    assert not sender.server_down()
+    sender._call_since = time.monotonic() - 2.5  # 2.5 s: over 4 x 0.5 s and UNANSWERED_S
+    assert sender.server_down()

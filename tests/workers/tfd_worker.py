@@ -179,6 +179,10 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
     callback = _hvd_callback()
     if callback is not None:
         out["run_id"] = callback.run_id
+    if args.save:  # every worker saves (the strategy's collectives); the chief's is the model, the others' temporary
+        where = Path(args.save) / ("model" if rank == 0 else f"workertemp_{rank}/model")
+        model.save(str(where))
+        out["saved"] = (where / "saved_model.pb").is_file()
     out.update({"history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
            "keras_own": record["local"][-1], "seen": seen.get("seen", []), "fit_s": time.monotonic() - started,
            "samples": {"train": BATCH[rank] * STEPS, "val": VAL_BATCH[rank] * VAL_STEPS}})  # fmt: skip
@@ -256,6 +260,7 @@ def main() -> None:
     parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every worker, this folder")
     parser.add_argument("--user-mlflow", action="store_true", help="mlflow.log_param/log_metric on every worker")
     parser.add_argument("--outside-scope", action="store_true", help="the model built outside strategy.scope()")
+    parser.add_argument("--save", default="", help="after fit, model.save on every worker as Azure's example does")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
