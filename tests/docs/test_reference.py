@@ -68,3 +68,20 @@ def _importable(importlib, name: str) -> bool:
             found = getattr(found, attribute)
         return True
     return False
+
+
+README = REFERENCE.parents[1] / "README.md"
+
+
+def test_the_readme_lists_every_option_and_which_are_autolog_only():
+    """README's "Options and docs" names every option once, the callback's first, then after "autolog only" those
+    of ``autolog()`` alone: a new option, or one that moves between them, cannot leave the list behind (it once
+    lacked the three TensorBoard options and ``allow_world_of_one``, and called ``guard_other_ranks`` the only
+    autolog-only one)."""
+    section = README.read_text().split("## Options and docs", 1)[1].split("\n* ", 1)[0]
+    assert "autolog only" in section, "README's option list does not say which options are autolog only"
+    both, autolog_only = (re.findall(r"`([a-z][a-z0-9_]*)`", part) for part in section.split("autolog only", 1))
+    callback_names = {f.name for f in dataclasses.fields(Options)}
+    autolog_names = {f.name for f in dataclasses.fields(AutologOptions)} - callback_names
+    assert len(both) == len(set(both)) and len(autolog_only) == len(set(autolog_only)), (both, autolog_only)
+    assert (set(both), set(autolog_only)) == (callback_names, autolog_names)
