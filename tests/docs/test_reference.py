@@ -85,3 +85,54 @@ def test_the_readme_lists_every_option_and_which_are_autolog_only():
     autolog_names = {f.name for f in dataclasses.fields(AutologOptions)} - callback_names
     assert len(both) == len(set(both)) and len(autolog_only) == len(set(autolog_only)), (both, autolog_only)
     assert (set(both), set(autolog_only)) == (callback_names, autolog_names)
+
+
+def _said(text: str) -> str:
+    return " ".join(text.split())  # a phrase may wrap at any space
+
+
+def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
+    """Each number the docs give of the sender, the memory journal, the request limits and the batch collectives is
+    the constant the code uses, in the phrase that says what it is (reliability.md said 5 s before the server counts
+    as down while ``UNANSWERED_S`` was 6)."""
+    import inspect
+
+    from hvd_mlflow.delivery import limits, sender
+    from hvd_mlflow.delivery.journal import MEMORY_MAX_POINTS
+    from hvd_mlflow.every_rank.batch_steps import STEPS_PER_BATCH_COLLECTIVE
+
+    backoff = sender.Backoff()
+    probe = inspect.signature(sender.Sender).parameters["max_backoff"].default
+    words = {2: "two", 3: "three", 4: "four", 5: "five"}
+    root = REFERENCE.parents[1]
+    expected = {
+        "docs/reliability.md": [
+            f"the sender sends at most every {sender.MIN_SEND_INTERVAL_S:g} s",
+            f"backs off {backoff.first:g}, {2 * backoff.first:g}, {4 * backoff.first:g} ... {backoff.maximum:g} s",
+            f"| {words[sender.OPEN_AFTER_FAILURES]} failures in a row |",
+            f"the server probed every {probe:g} s at most",
+            f"its request has waited {sender.UNANSWERED_S:g} s) it waits {sender.DOWN_GRACE_S:g} s more at most",
+            f"within `flush_timeout` ({Options.flush_timeout:g} s) in total",
+            f"at most {MEMORY_MAX_POINTS:,} unsent values",
+            f"(<= {limits.MLFLOW.metrics_per_request} metrics, <= {limits.MLFLOW.params_tags_per_request} "
+            f"params+tags, <= {limits.MLFLOW.values_per_key_per_request} values per key)",
+        ],
+        "docs/reference.md": [
+            f"({sender.DOWN_GRACE_S:g} s once the server is known not to answer)",
+            f"or {sender.START_AFTER_S:g} s into a longer one",
+            f"| `run_wait` | `HVD_MLFLOW_RUN_WAIT` | `{Options.run_wait:g}` |",
+            f"| `flush_timeout` | `HVD_MLFLOW_FLUSH_TIMEOUT` | `{Options.flush_timeout:g}` |",
+        ],
+        "README.md": [f"and {sender.DOWN_GRACE_S:g} s once the server is known not to answer"],
+        "docs/training-dynamics.md": [
+            f"one collective per about {STEPS_PER_BATCH_COLLECTIVE} optimizer steps (every "
+            f"`ceil({STEPS_PER_BATCH_COLLECTIVE} / N)` logged batches)",
+        ],
+    }
+    missing = [
+        f"{page}: {phrase}"
+        for page, phrases in expected.items()
+        for phrase in phrases
+        if _said(phrase) not in _said((root / page).read_text())
+    ]
+    assert missing == []
