@@ -136,3 +136,21 @@ def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
         if _said(phrase) not in _said((root / page).read_text())
     ]
     assert missing == []
+
+
+def test_the_docs_of_options_mismatch_error_name_everything_the_ranks_compare():
+    """What ``OptionsMismatchError`` compares is what :func:`hvd_mlflow.every_rank.fit_plan.collective_shape` gives
+    (the options of ``Options.collective()`` and ``steps_per_execution``): reference.md's entry and reliability.md's
+    paragraph name each of them (they named 3 of the 6)."""
+    from types import SimpleNamespace
+
+    from hvd_mlflow.every_rank.fit_plan import collective_shape
+
+    compared = [name for name, _ in collective_shape(Options(), SimpleNamespace(steps_per_execution=1))]
+    assert "steps_per_execution" in compared and "reduction" in compared
+    root = REFERENCE.parents[1]
+    entry = REFERENCE.read_text().split("* `hvd_mlflow.OptionsMismatchError`", 1)[1].split("\n* ", 1)[0]
+    paragraph = (root / "docs" / "reliability.md").read_text().split("## Every rank calls the same collectives")[1]
+    paragraph = paragraph.split("OptionsMismatchError", 1)[0]
+    for page, text in (("reference.md", entry), ("reliability.md", paragraph)):
+        assert [name for name in compared if f"`{name}`" not in text] == [], page
