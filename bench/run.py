@@ -198,7 +198,8 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
     delays = []
     for step in range(samples):
         start = time.perf_counter()
-        run_logger.log_metrics(step, {"loss": 1.0 / (step + 1), "accuracy": step / samples})
+        point = (step, int(time.time() * 1000), {"loss": 1.0 / (step + 1), "accuracy": step / samples})
+        run_logger.log_metrics_many([point])  # as the callback journals an epoch
         run_logger.sender.begin()  # as the callback after an epoch's commit (the first one lets the sender start)
         while not any(m.step == step for m in client.get_metric_history(run_id, "loss")):
             time.sleep(0.005)

@@ -276,11 +276,11 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         values = {**global_values, **self._reducer.spread}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
-        logged.update(self._ranks_health(epoch))
+        logged.update(self._ranks_health())
         for key, value in self._epoch_dynamics().items():  # every rank: the time, throughput, learning rate
             logged.setdefault(key, value)
         if self._logging:
-            self._epoch_extras(logged)  # each of its parts inside the rank-0 guard
+            self._epoch_extras()  # each of its parts inside the rank-0 guard
         timestamp_ms = int(time.time() * 1000)
         if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
             self._elastic.link.remember(self._step, timestamp_ms, logged)

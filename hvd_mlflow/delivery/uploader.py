@@ -87,10 +87,6 @@ class Uploader:
         return self.run.run_id
 
     @property
-    def held_artifact_path(self) -> str:
-        return self.csv.path
-
-    @property
     def skipped_points(self) -> int:
         return self.resume.skipped_points
 

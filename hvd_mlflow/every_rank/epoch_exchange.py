@@ -93,7 +93,7 @@ class EpochExchange:
         does not keep the weights equal by itself (tf.distribute's mirrored variables do: nothing to check)."""
         return self.options.check_divergence and self._comm.size > 1 and not self._comm.keeps_weights_in_step
 
-    def _ranks_health(self, epoch: int) -> dict[str, float]:
+    def _ranks_health(self) -> dict[str, float]:
         """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
         once), and the ranks' system metrics; what rank 0 logs of it."""
         out: dict[str, float] = {}

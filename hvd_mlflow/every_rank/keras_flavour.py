@@ -101,10 +101,6 @@ def when_imported(hook: Callable[[str], None]) -> None:
             wrapt.register_post_import_hook(lambda _module, flavour=flavour: hook(flavour), flavour)
 
 
-def is_keras3(flavour: str) -> bool:
-    return flavour == "keras" and version(flavour).split(".", 1)[0] == "3"
-
-
 def steps_per_execution(model: object) -> int:
     """How many batches Keras runs between two calls of the batch hooks (``compile(steps_per_execution=...)``)."""
     value = getattr(model, "steps_per_execution", None)  # Keras 3: an int

@@ -8,7 +8,6 @@ artifact, with a warning.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ class RunLogger:
         run_logger = RunLogger(destination.resolve(None), journal_dir=Path(".hvd_mlflow/journal"))
         run_logger.start()
         run_logger.log_params({"epochs": "10"})
-        run_logger.log_metrics(step=0, values={"loss": 0.7})
+        run_logger.log_metrics_many([(0, int(time.time() * 1000), {"loss": 0.7})])
         run_logger.close("FINISHED", deadline=time.monotonic() + 60)
     """
 
@@ -137,11 +136,6 @@ class RunLogger:
         if files is not None:
             payload["files"] = files
         self.journal.append("artifact", payload)
-        self.sender.notify()
-
-    def log_metrics(self, step: int, values: Mapping[str, float], timestamp_ms: int | None = None) -> None:
-        when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        self.journal.append("metrics", values, step=step, timestamp_ms=when)
         self.sender.notify()
 
     def log_metrics_many(self, points: Iterable[tuple[int, int, Mapping[str, float]]], durable: bool = True) -> None:

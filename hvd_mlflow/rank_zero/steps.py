@@ -51,7 +51,7 @@ class RankZeroSteps:
                 every = self._within_row_limit(every)
         return first_step, every
 
-    def _epoch_extras(self, logged: dict[str, float]) -> None:
+    def _epoch_extras(self) -> None:
         """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every
         rank's: :meth:`hvd_mlflow.every_rank.epoch_exchange.EpochExchange._epoch_dynamics`)."""
         if self._reducer.inexact - self._inexact_logged:

@@ -77,7 +77,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
     uses = destination.is_azureml(uri)
     out.append(Check("azureml plugin", f"{plugin or 'not installed'}; {'used' if uses else 'not used'}",
                      ok=bool(plugin) or not uses, fix=dependencies.AZUREML))  # fmt: skip
-    out.append(_guard("support matrix", "compare with docs/support-matrix.md", lambda: _row(plugin, uses)))
+    out.append(_guard("support matrix", "compare with docs/support-matrix.md", lambda: _row(plugin)))
     try:
         out.extend(_combination(plugin, uses))
     except Exception as error:  # noqa: BLE001 - a doctor reports, it does not crash
@@ -183,7 +183,7 @@ def environment_row(plugin: str | None) -> compat.Row:
     return compat.Row("here", "this environment", python, tf.__version__, keras, _mlflow_version(), plugin)
 
 
-def _row(plugin: str | None, uses_azureml: bool) -> Check:
+def _row(plugin: str | None) -> Check:
     row, different = compat.closest_row(environment_row(plugin))
     where = f"row '{row.stands_for}' (requirements/{row.name}.txt)"
     return Check("support matrix", f"{'is' if not different else 'closest to'} {where}"

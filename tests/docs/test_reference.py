@@ -68,3 +68,92 @@ def _importable(importlib, name: str) -> bool:
             found = getattr(found, attribute)
         return True
     return False
+
+
+README = REFERENCE.parents[1] / "README.md"
+
+
+def test_the_readme_lists_every_option_and_which_are_autolog_only():
+    """README's "Options and docs" names every option once, the callback's first, then after "autolog only" those
+    of ``autolog()`` alone: a new option, or one that moves between them, cannot leave the list behind (it once
+    lacked the three TensorBoard options and ``allow_world_of_one``, and called ``guard_other_ranks`` the only
+    autolog-only one)."""
+    section = README.read_text().split("## Options and docs", 1)[1].split("\n* ", 1)[0]
+    assert "autolog only" in section, "README's option list does not say which options are autolog only"
+    both, autolog_only = (re.findall(r"`([a-z][a-z0-9_]*)`", part) for part in section.split("autolog only", 1))
+    callback_names = {f.name for f in dataclasses.fields(Options)}
+    autolog_names = {f.name for f in dataclasses.fields(AutologOptions)} - callback_names
+    assert len(both) == len(set(both)) and len(autolog_only) == len(set(autolog_only)), (both, autolog_only)
+    assert (set(both), set(autolog_only)) == (callback_names, autolog_names)
+
+
+def _said(text: str) -> str:
+    return " ".join(text.split())  # a phrase may wrap at any space
+
+
+def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
+    """Each number the docs give of the sender, the memory journal, the request limits, the batch collectives, the
+    divergence check and the system metrics is the constant the code uses, in the phrase that says what it is
+    (reliability.md said 5 s before the server counts as down while ``UNANSWERED_S`` was 6)."""
+    import inspect
+
+    from hvd_mlflow.delivery import limits, sender
+    from hvd_mlflow.delivery.journal import MEMORY_MAX_POINTS
+    from hvd_mlflow.every_rank import divergence, system_metrics
+    from hvd_mlflow.every_rank.batch_steps import STEPS_PER_BATCH_COLLECTIVE
+
+    backoff = sender.Backoff()
+    probe = inspect.signature(sender.Sender).parameters["max_backoff"].default
+    words = {2: "two", 3: "three", 4: "four", 5: "five"}
+    root = REFERENCE.parents[1]
+    expected = {
+        "docs/reliability.md": [
+            f"the sender sends at most every {sender.MIN_SEND_INTERVAL_S:g} s",
+            f"backs off {backoff.first:g}, {2 * backoff.first:g}, {4 * backoff.first:g} ... {backoff.maximum:g} s",
+            f"| {words[sender.OPEN_AFTER_FAILURES]} failures in a row |",
+            f"the server probed every {probe:g} s at most",
+            f"its request has waited {sender.UNANSWERED_S:g} s) it waits {sender.DOWN_GRACE_S:g} s more at most",
+            f"within `flush_timeout` ({Options.flush_timeout:g} s) in total",
+            f"at most {MEMORY_MAX_POINTS:,} unsent values",
+            f"(<= {limits.MLFLOW.metrics_per_request} metrics, <= {limits.MLFLOW.params_tags_per_request} "
+            f"params+tags, <= {limits.MLFLOW.values_per_key_per_request} values per key)",
+        ],
+        "docs/reference.md": [
+            f"({sender.DOWN_GRACE_S:g} s once the server is known not to answer)",
+            f"or {sender.START_AFTER_S:g} s into a longer one",
+            f"| `run_wait` | `HVD_MLFLOW_RUN_WAIT` | `{Options.run_wait:g}` |",
+            f"| `flush_timeout` | `HVD_MLFLOW_FLUSH_TIMEOUT` | `{Options.flush_timeout:g}` |",
+        ],
+        "README.md": [f"and {sender.DOWN_GRACE_S:g} s once the server is known not to answer"],
+        "docs/training-dynamics.md": [
+            f"one collective per about {STEPS_PER_BATCH_COLLECTIVE} optimizer steps (every "
+            f"`ceil({STEPS_PER_BATCH_COLLECTIVE} / N)` logged batches)",
+            f"When the relative spread passes {divergence.TOLERANCE:.0e}, every rank warns once".replace("e-0", "e-"),
+            f"every {system_metrics.INTERVAL_S:g} s in a thread",
+        ],
+    }
+    missing = [
+        f"{page}: {phrase}"
+        for page, phrases in expected.items()
+        for phrase in phrases
+        if _said(phrase) not in _said((root / page).read_text())
+    ]
+    assert missing == []
+
+
+def test_the_docs_of_options_mismatch_error_name_everything_the_ranks_compare():
+    """What ``OptionsMismatchError`` compares is what :func:`hvd_mlflow.every_rank.fit_plan.collective_shape` gives
+    (the options of ``Options.collective()`` and ``steps_per_execution``): reference.md's entry and reliability.md's
+    paragraph name each of them (they named 3 of the 6)."""
+    from types import SimpleNamespace
+
+    from hvd_mlflow.every_rank.fit_plan import collective_shape
+
+    compared = [name for name, _ in collective_shape(Options(), SimpleNamespace(steps_per_execution=1))]
+    assert "steps_per_execution" in compared and "reduction" in compared
+    root = REFERENCE.parents[1]
+    entry = REFERENCE.read_text().split("* `hvd_mlflow.OptionsMismatchError`", 1)[1].split("\n* ", 1)[0]
+    paragraph = (root / "docs" / "reliability.md").read_text().split("## Every rank calls the same collectives")[1]
+    paragraph = paragraph.split("OptionsMismatchError", 1)[0]
+    for page, text in (("reference.md", entry), ("reliability.md", paragraph)):
+        assert [name for name in compared if f"`{name}`" not in text] == [], page

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
@@ -54,6 +55,15 @@ def test_a_run_created_by_an_attempt_whose_answer_was_lost_is_found_again(tmp_pa
     uploader.upload_some()
     assert uploader.run_id == existing.info.run_id
     assert len(client.search_runs([experiment_id])) == 1
+
+
+def _held_csv(client: MlflowClient, run_id: str, where) -> str:
+    """The run's over-budget CSV, found where docs/azureml.md says (``hvd_mlflow/metrics-over-budget-<id>.csv``),
+    downloaded: its local path."""
+    names = [a.path for a in client.list_artifacts(run_id, "hvd_mlflow")]
+    held = [n for n in names if re.fullmatch(r"hvd_mlflow/metrics-over-budget-[0-9a-f]+\.csv", n)]
+    assert len(held) == 1, names
+    return client.download_artifacts(run_id, held[0], str(where))
 
 
 class _Counting:
@@ -143,7 +153,7 @@ def test_a_refused_request_split_by_key_resends_after_a_transient_error_only_wha
     accepted = sorted((m.key, m.step) for m in sent)
     assert accepted == sorted((k, s) for k in ("a", "b", "c") for s in range(3)), accepted
     assert uploader.finish()
-    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    held = _held_csv(client, uploader.run_id, tmp_path / "dl")
     rows = [line for line in open(held).read().splitlines()[1:] if line]
     assert len(rows) == 3 and all("bad" in r for r in rows), rows
 
@@ -158,7 +168,7 @@ def test_values_over_the_name_budget_are_held_once_whatever_the_retries(tmp_path
     assert len(journal.pending(100, kinds=("over_budget",))) == 3  # not one set per attempt
     assert uploader.finish()
     assert sorted((m.key, m.step) for m in sent) == sorted((k, s) for k in ("a", "b") for s in range(3))
-    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    held = _held_csv(client, uploader.run_id, tmp_path / "dl")
     lines = [line for line in open(held).read().splitlines() if line]
     assert len(lines) == 1 + 3, lines  # the header and c's three values, once each
 
@@ -276,7 +286,7 @@ def test_what_the_uploader_remembers_of_held_values_ends_with_their_entries(tmp_
     assert not journal.pending(1, kinds=("metrics",))
     assert len(uploader.names.held) == 0
     assert uploader.finish()
-    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    held = _held_csv(client, uploader.run_id, tmp_path / "dl")
     rows = sorted(tuple(line.split(",")[:2]) for line in open(held).read().splitlines()[1:] if line)
     assert rows == sorted((k, str(s)) for k in ("c", "d") for s in range(50))
 
@@ -311,7 +321,7 @@ def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, 
     uploader.deliver(until_done=True)
     assert uploader.finish() and not journal.pending(1, kinds=("over_budget",))
     assert 0 < recording.largest_held_read <= 7
-    held = client.download_artifacts(uploader.run_id, uploader.held_artifact_path, str(tmp_path / "dl"))
+    held = _held_csv(client, uploader.run_id, tmp_path / "dl")
     lines = open(held).read().splitlines()
     assert lines[0] == "name,step,timestamp_ms,value"
     assert lines[1:] == [f"c,{s},{1000 + s},{s + 0.2}" for s in range(30)] + ["c,30,1030,nan"]

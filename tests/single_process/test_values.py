@@ -22,7 +22,8 @@ def test_nan_inf_are_kept_and_overlong_params_truncated_with_a_warning(tmp_path,
     run_logger.start()
     run_logger.sender.begin()
     run_logger.log_params({"long": "x" * 7000, "short": "ok"})
-    run_logger.log_metrics(0, {"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "acc": 0.5})
+    values = {"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "acc": 0.5}
+    run_logger.log_metrics_many([(0, int(time.time() * 1000), values)])
     assert run_logger.close("FINISHED", deadline=time.monotonic() + 30)
     run = client.get_run(run_id)
     assert run.data.params["short"] == "ok" and run.data.params["long"] == "x" * 6000
