@@ -112,7 +112,8 @@ def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
             f"backs off {backoff.first:g}, {2 * backoff.first:g}, {4 * backoff.first:g} ... {backoff.maximum:g} s",
             f"| {words[sender.OPEN_AFTER_FAILURES]} failures in a row |",
             f"the server probed every {probe:g} s at most",
-            f"its request has waited {sender.UNANSWERED_S:g} s) it waits {sender.DOWN_GRACE_S:g} s more at most",
+            f"a call has waited {sender.UNANSWERED_S:g} s and {sender.SILENT_FACTOR:g} times the slowest answer it had",
+            f"went silent) it waits {sender.DOWN_GRACE_S:g} s more at most",
             f"within `flush_timeout` ({Options.flush_timeout:g} s) in total",
             f"at most {MEMORY_MAX_POINTS:,} unsent values",
             f"(<= {limits.MLFLOW.metrics_per_request} metrics, <= {limits.MLFLOW.params_tags_per_request} "
