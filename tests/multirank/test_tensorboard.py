@@ -18,6 +18,19 @@ pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 EPOCHS = 3
 
 
+@pytest.fixture(autouse=True)
+def _artifacts_read_from_the_session_s_server(monkeypatch, mlflow_server):
+    """MLflow 2.12's client resolves ``mlflow-artifacts:`` locations with the process's tracking URI, not its own
+    (the oldest row failed: "scheme 'file' is invalid for use with the proxy mlflow-artifact scheme")."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(mlflow_server.url)
+    yield
+    mlflow.set_tracking_uri(previous)
+
+
 def scalars(folder: Path) -> dict[str, list[float]]:
     """Every scalar of the event files in ``folder``, by tag, in step order (TensorBoard's own record format)."""
     import tensorflow as tf
@@ -221,6 +234,7 @@ def test_the_run_holds_this_fits_event_files_as_closed_and_nothing_else(tmp_path
     assert any("/plugins/profile/" in f"/{n}" for n in written), sorted(written)  # the trace stopped at train end
     batches = EPOCHS * -(-96 // 16)
     assert len(batch_scalars(folder / "train", "batch_loss")) == batches  # every batch summary is on disk
+    (tmp_path / "downloaded").mkdir()  # MLflow 2.12 refuses a destination that does not exist
     downloaded = Path(client.download_artifacts(run_id, "tensorboard", str(tmp_path / "downloaded")))
     assert file_bytes(downloaded) == written  # the same names, the same bytes
     assert len(batch_scalars(downloaded / "train", "batch_loss")) == batches
