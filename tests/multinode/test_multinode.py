@@ -294,7 +294,7 @@ def test_rehearsal_of_the_azureml_job_yaml():
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     out = done.stdout
-    assert "== 2 node(s) x 1 rank(s): PYTHONPATH=. python examples/train_cnn.py --epochs 2" in out
+    assert "== 2 node(s) x 1 rank(s), mpi: PYTHONPATH=. python examples/train_cnn.py --epochs 2" in out
     assert "(RUNNING) on the offline AzureML front" in out  # the job's run: AzureML ends it, not hvd-mlflow
     for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
         assert re.search(rf"^  {key} +2 points, last [0-9.]+$", out, re.M), out
