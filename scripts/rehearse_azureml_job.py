@@ -88,11 +88,11 @@ def main() -> int:
             unit = "rank" if kind == "mpi" else "worker"
             print(f"== {nodes} node(s) x {per_node} {unit}(s), {kind}: {command}", flush=True)
             if kind == "mpi":
-                code_ = _mpi(cluster, per_node, command, variables, args.timeout)
+                returncode = _mpi(cluster, per_node, command, variables, args.timeout)
             else:
-                code_ = _tensorflow(cluster, folder, per_node, command, variables, args.timeout)
+                returncode = _tensorflow(cluster, folder, per_node, command, variables, args.timeout)
             _show(host, run_id, cluster)
-            return code_
+            return returncode
         finally:
             host.stop()
             cluster.down()

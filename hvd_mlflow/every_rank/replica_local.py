@@ -23,7 +23,6 @@ Outside tf.distribute (Horovod, one process) every function leaves the variables
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,29 +71,17 @@ def in_replicas(strategy: Any, function: Callable[..., Any], *args: Any) -> Any:
 
     Run eagerly (until hvd-mlflow's compiled functions are ready: :mod:`~hvd_mlflow.every_rank.tracing`), which
     makes TensorFlow warn "Using CollectiveAllReduceStrategy eagerly has significant overhead", about a call of a
-    few milliseconds per epoch that is not the user's: that warning is dropped here, on this thread, for this call."""
-    _QuietEagerRun.install()
-    _QuietEagerRun.active.on = True
+    few milliseconds per epoch that is not the user's: that warning is dropped during this call."""
+    tf_logger = logging.getLogger("tensorflow")
+    tf_logger.addFilter(_quiet_eager_run)
     try:
         return strategy.experimental_local_results(strategy.run(function, args=args))[0]
     finally:
-        _QuietEagerRun.active.on = False
+        tf_logger.removeFilter(_quiet_eager_run)
 
 
-class _QuietEagerRun(logging.Filter):
-    """On TensorFlow's logger: drops the eager ``strategy.run`` warning while :func:`in_replicas` runs."""
-
-    active = threading.local()
-    _installed = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(self.active, "on", False) and _EAGER_RUN_WARNING in record.getMessage())
-
-    @classmethod
-    def install(cls) -> None:
-        if not cls._installed:
-            cls._installed = True
-            logging.getLogger("tensorflow").addFilter(cls())
+def _quiet_eager_run(record: logging.LogRecord) -> bool:
+    return _EAGER_RUN_WARNING not in record.getMessage()
 
 
 def result(metric: Any) -> Any:
