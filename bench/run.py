@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from mlflow import MlflowClient
@@ -77,9 +78,11 @@ def rotated(items: list, repeat: int) -> list:
     return items[k:] + items[:k]
 
 
-def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs: int, work: Path) -> list[dict]:
+def overhead(
+    server: MlflowServer, latencies: list[float], repeats: int, epochs: int, work: Path, only: Sequence[str] = VARIANTS
+) -> list[dict]:
     client = MlflowClient(server.url)
-    variants = [v for v in VARIANTS if v != "seed" or seed_recipe_available()]
+    variants = [v for v in VARIANTS if v in only and (v != "seed" or seed_recipe_available())]
     rows = []
     for latency in latencies:
         samples: dict[str, list[dict]] = {v: [] for v in variants}
@@ -116,12 +119,12 @@ def overhead(server: MlflowServer, latencies: list[float], repeats: int, epochs:
     return rows
 
 
-def batch_logging(server: MlflowServer, repeats: int, epochs: int, work: Path) -> list[dict]:
+def batch_logging(server: MlflowServer, repeats: int, epochs: int, work: Path, every_10: bool = True) -> list[dict]:
     """What log_every_n_steps costs: the same training (16 batches per epoch) with no logging, epoch logging only,
     and batch logging every 10 and every batch; rotated order, medians of ``repeats``."""
     client = MlflowClient(server.url)
     samples, steps = 512, 16
-    variants = [("none", 0), ("hvd", 0), ("hvd", 10), ("hvd", 1)]
+    variants = [("none", 0), ("hvd", 0), *([("hvd", 10)] if every_10 else []), ("hvd", 1)]
     seconds: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
     points: dict[tuple[str, int], int] = {}
     for repeat in range(repeats):
@@ -281,17 +284,23 @@ def paired(
     return rows
 
 
-def startup(server: MlflowServer, latencies: list[float], pairs: int, work: Path) -> list[dict]:
+def startup(
+    server: MlflowServer, latencies: list[float], pairs: int, work: Path, default_path: bool = True
+) -> list[dict]:
     """What logging adds before the first epoch ends, by pairs of fresh 2-rank jobs (the order alternates): one
     without logging, one with ``hvd_mlflow.autolog()`` or ``mlflow.tensorflow.autolog()``, each logging into a
-    new run of its own through the latency proxy. bench/startup_worker.py times the set-up and the first epoch."""
+    new run of its own through the latency proxy; ``hvd-default`` is the quickstart's path: no
+    ``MLFLOW_TRACKING_URI``, MLflow's default store in the job's folder (no server: at 0 ms only).
+    bench/startup_worker.py times the set-up and the first epoch."""
     rows = []
     for latency in latencies:
         fault = (lambda r, d=latency: Delay(d)) if latency else None
-        for variant in ("hvd", "mlflow"):
+        for variant in ("hvd", "hvd-default", "mlflow") if default_path and not latency else ("hvd", "mlflow"):
             with Proxy(server.url, fault=fault) as proxy:
                 experiment = MlflowClient(server.url).create_experiment(f"bench-startup-{uuid.uuid4().hex[:8]}")
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
+                if variant == "hvd-default":
+                    env = {}
                 results: dict[str, list[dict]] = {"none": [], variant: []}
                 for pair in range(pairs):
                     for running in ["none", variant] if pair % 2 == 0 else [variant, "none"]:
@@ -444,7 +453,7 @@ def main() -> None:
                 raise _Done
             if args.only in (None, "startup"):  # fresh jobs: fit() to the first epoch end, autolog()'s own time
                 results["startup"] = startup(server, [0.0] if quick else [0.0, 0.3], args.pairs or (1 if quick else 5),
-                                             work)  # fmt: skip
+                                             work, default_path=not quick)  # fmt: skip
             if args.only == "startup":
                 raise _Done
             if args.only != "overhead":
@@ -458,11 +467,12 @@ def main() -> None:
             if args.only == "realistic":
                 raise _Done
             results["epochs"] = 10 if quick else 60
+            # quick (CI): each section's code runs, on fewer variants; the per-epoch cost check is the realistic pairs'
             results["overhead"] = overhead(server, [0.0] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
-                                           results["epochs"], work)  # fmt: skip
+                                           results["epochs"], work, ("none", "hvd") if quick else VARIANTS)  # fmt: skip
             if args.only == "overhead":
                 raise _Done
-            results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work)
+            results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work, not quick)
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
             results["memory"] = memory(server, 300 if quick else 10000, 100, work)
@@ -514,7 +524,7 @@ def report(results: dict) -> None:
         print("start-up, by pairs of fresh 2-rank jobs (the other job of each pair logs nothing):")
     for r in results.get("startup", []):
         added, without = r["first_epoch_end_added_ms_median"], r["first_epoch_end_s_without"] * 1000
-        print(f"  {r['latency_ms']:>4} ms {r['variant']:>7}: first epoch end {added:+.0f} ms after {without:.0f} ms "
+        print(f"  {r['latency_ms']:>4} ms {r['variant']:>11}: first epoch end {added:+.0f} ms after {without:.0f} ms "
               f"without logging (pairs: {r['first_epoch_end_added_ms_pairs']}), set-up (import + autolog) "
               f"{r['set_up_s_median'] * 1000:.0f} ms, 3-epoch fit {r['fit_s_median']:.2f} s against "
               f"{r['fit_s_without']:.2f} s")  # fmt: skip

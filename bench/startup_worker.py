@@ -3,6 +3,7 @@ its first epoch ends.
 
     --variant none      no logging
     --variant hvd       import hvd_mlflow; hvd_mlflow.autolog()
+    --variant hvd-default  the same, without MLFLOW_TRACKING_URI: MLflow's default store (the quickstart's path)
     --variant mlflow    import mlflow; mlflow.tensorflow.autolog()  (on every rank, as people do)
 
 TensorFlow and Horovod are imported first (every training script imports them whatever it logs with). Rank 0
@@ -34,7 +35,7 @@ class FirstEpoch(keras.callbacks.Callback):
 
 def set_up(variant: str) -> float:
     start = time.perf_counter()
-    if variant == "hvd":
+    if variant in ("hvd", "hvd-default"):
         import hvd_mlflow
 
         hvd_mlflow.autolog(log_models=False)
@@ -47,7 +48,7 @@ def set_up(variant: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=["none", "hvd", "mlflow"], required=True)
+    parser.add_argument("--variant", choices=["none", "hvd", "hvd-default", "mlflow"], required=True)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

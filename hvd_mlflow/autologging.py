@@ -27,7 +27,7 @@ from .common import dependencies, topology
 from .config import AutologOptions
 from .delivery import destination, folder_artifacts, mlflow_calls
 from .errors import HvdMlflowError
-from .every_rank import collectives, elastic, fit_call, keras_flavour, shards, tensorboard
+from .every_rank import batch_size, collectives, elastic, fit_call, keras_flavour, shards, tensorboard
 
 _originals: dict[type, Callable[..., Any]] = {}
 _options: AutologOptions | None = None
@@ -165,7 +165,8 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
             world = topology.current()  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
             users = tensorboard.for_rank(_callbacks_in(given), world.rank, options.tensorboard_per_rank)
             folders = _tensorboard_uploads(users, world.rank, world.size, options)  # rank 0: never raises
-            callback._set_fit_arguments(batch_size=_batch_size(bound.arguments), empty_shards=empty, folders=folders)
+            batch = batch_size.of_fit(bound.arguments)  # given, Keras' default, or the tf.data pipeline's
+            callback._set_fit_arguments(batch_size=batch, empty_shards=empty, folders=folders)
             call_args, call_kwargs = bound.with_callbacks(_with_first(callback, given, self, users))
         except Exception as error:
             raise HvdMlflowError(
@@ -234,13 +235,3 @@ def _tensorboard_uploads(users: list[Any], rank: int, size: int, options: Autolo
     skip = tensorboard.other_rank_dirs(size) if options.tensorboard_per_rank else ()
     return [folder_artifacts.FolderUpload(folder, path, options.tensorboard_profile, folder_artifacts.snapshot(folder),
                                           skip) for folder, path in tensorboard.uploads(users)]  # fmt: skip
-
-
-def _batch_size(arguments: Mapping[str, Any]) -> int | None:
-    """The per-rank batch size ``fit`` will use: given, or Keras' default of 32 for array inputs."""
-    if arguments.get("batch_size") is not None:
-        return int(arguments["batch_size"])
-    x = arguments.get("x")
-    if x is not None and hasattr(x, "shape") and not hasattr(x, "element_spec"):
-        return 32
-    return None

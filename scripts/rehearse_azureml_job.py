@@ -164,6 +164,8 @@ def _show(host: TrackingHost, run_id: str, cluster: Cluster) -> None:
         points = store.get_metric_history(run_id, key)
         print(f"  {key:<28} {len(points)} points, last {points[-1].value:.4f}")
     print(f"  ranks ran on: {run.data.tags.get('hvd_mlflow.hosts', '?')}")
+    shape = ("world_size", "batch_size", "global_batch_size", "steps_per_epoch")
+    print("  params: " + ", ".join(f"{k}={run.data.params.get(k, '-')}" for k in shape))
     by_address = {h.address: h.name for h in cluster.hosts.values()}
     talked = sorted({by_address.get(a, a) for a in host.seen()["connections"]})
     print(f"  hosts that connected to the tracking server: {', '.join(talked) or 'none'}")

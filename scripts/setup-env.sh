@@ -68,7 +68,7 @@ apt_install() {  # what [package...]: Debian packages when root, else say what i
   local what=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing $* (Debian packages) for $what"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq "$@" >/dev/null
   else
     log "$what needs the Debian packages $*: install them (sudo apt-get install $*)"; exit 1
   fi

@@ -11,19 +11,34 @@ cd "$root"
 start=$(date +%s)
 export HVD_MLFLOW_SUITE="$$-$start"  # marks every process the suite starts (checked at the end)
 
+# The tf.distribute row compiles nothing (no Horovod) and chromium is a download: both are set up beside the
+# Horovod rows, whose set-up is mostly compiling Horovod (the downloads wait on the network, the compiles on the CPU).
+# Each keeps its own output, shown once it is done.
+side=$(mktemp -d)
+scripts/setup-env.sh tfdistribute >"$side/tfdistribute.path" 2>"$side/tfdistribute.log" &
+tfd_setup=$!
 venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
+# after the primary row, whose set-up may take the Debian package lock (Open MPI)
+(
+  # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
+  if ! command -v chromium >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "== installing chromium (Debian package) for the browser test"
+      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq chromium \
+        >/dev/null) || exit 1
+    else
+      echo "== chromium is missing and this is not root: the browser test will fail (sudo apt-get install chromium)"
+    fi
+  fi
+) >"$side/chromium.log" 2>&1 &
+chromium_setup=$!
 venv_newest=$(scripts/setup-env.sh newest | tail -n 1) || exit 1
 venv_oldest=$(scripts/setup-env.sh oldest | tail -n 1) || exit 1
-venv_tfd=$(scripts/setup-env.sh tfdistribute | tail -n 1) || exit 1
-# The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
-if ! command -v chromium >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "== installing chromium (Debian package) for the browser test"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || exit 1
-  else
-    echo "== chromium is missing and this is not root: the browser test will fail (sudo apt-get install chromium)"
-  fi
-fi
+wait "$tfd_setup" || { cat "$side/tfdistribute.log"; exit 1; }
+venv_tfd=$(tail -n 1 "$side/tfdistribute.path")
+wait "$chromium_setup" || { cat "$side/chromium.log"; exit 1; }
+grep -v '^\[setup-env' "$side/tfdistribute.log" | grep -v "^WARNING: Location" | tail -n 3
+cat "$side/chromium.log"
 echo "== setup done in $(( $(date +%s) - start )) s"
 
 "$venv/bin/ruff" check . || exit 1  # every Python file of the repository, bench/ and scripts/ included

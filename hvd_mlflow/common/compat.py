@@ -49,6 +49,21 @@ def mlflow3(version: str | None = None) -> bool:
     return parse(version or mlflow_version()) >= (3,)
 
 
+def default_tracking_uri(directory: str = "") -> str:
+    """MLflow's tracking URI for this process: ``MLFLOW_TRACKING_URI``, else MLflow's default store (3.x: SQLite
+    ``mlflow.db``, 2.x: ``mlruns/``) in ``directory`` (default: the working directory). For a command line."""
+    import mlflow
+
+    if not directory or not os.path.isdir(directory):
+        return mlflow.get_tracking_uri()
+    here = os.getcwd()
+    os.chdir(directory)  # MLflow makes its default store's path absolute against the working directory
+    try:
+        return mlflow.get_tracking_uri()
+    finally:
+        os.chdir(here)
+
+
 def command_line_client(tracking_uri: str) -> Any:
     """An ``MlflowClient`` for a command (``sync``, ``import-csv``): MLflow 2.x's ``mlflow-artifacts`` repository
     takes the tracking URI from MLflow's global setting, not from the client (with ``--tracking-uri`` and no

@@ -22,7 +22,7 @@ EXPERIMENT_ID_VARIABLE, EXPERIMENT_NAME_VARIABLE = "MLFLOW_EXPERIMENT_ID", "MLFL
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
-    tracking_uri: str
+    tracking_uri: str | None  # None: MLflow's default, which the sender resolves when it imports MLflow
     run_id: str | None
     experiment_id: str | None
     experiment_name: str | None
@@ -30,7 +30,7 @@ class Destination:
 
     @property
     def display_uri(self) -> str:
-        return mask_uri(self.tracking_uri)
+        return mask_uri(self.tracking_uri) if self.tracking_uri else "MLflow's default tracking URI"
 
 
 def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
@@ -51,12 +51,12 @@ def experiment_from_environment(environ: Mapping[str, str] | None = None) -> tup
     return environ.get(EXPERIMENT_ID_VARIABLE) or None, environ.get(EXPERIMENT_NAME_VARIABLE) or None
 
 
-def is_azureml(tracking_uri: str) -> bool:
-    """Whether the tracking server is AzureML's (the ``azureml-mlflow`` plugin's URI scheme)."""
-    return urlsplit(tracking_uri).scheme == "azureml"
+def is_azureml(tracking_uri: str | None) -> bool:
+    """Whether the tracking server is AzureML's (the ``azureml-mlflow`` plugin's URI scheme; never MLflow's default)."""
+    return bool(tracking_uri) and urlsplit(tracking_uri).scheme == "azureml"
 
 
-def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) -> bool:
+def is_azureml_job(tracking_uri: str | None, environ: Mapping[str, str] | None = None) -> bool:
     environ = os.environ if environ is None else environ
     return is_azureml(tracking_uri) and bool(environ.get(AZUREML_RUN_VARIABLE))
 
@@ -64,13 +64,15 @@ def is_azureml_job(tracking_uri: str, environ: Mapping[str, str] | None = None) 
 def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:
     """The destination as the user configured it, without contacting any server.
 
-    When the user's code has not imported MLflow and the environment names the tracking URI (AzureML jobs, most
-    launchers), there is no active run nor ``set_experiment`` to ask MLflow about: the environment says it all,
-    and MLflow (a second or more to import) is imported by rank 0's sender, off the training thread."""
+    When the user's code has not imported MLflow, there is no active run, ``set_tracking_uri`` nor ``set_experiment``
+    to ask MLflow about: the environment says it all (AzureML jobs, most launchers), or, where it names no tracking
+    URI (the quickstart), the URI is MLflow's default (``tracking_uri`` None), which the sender resolves. Either way
+    MLflow (a second or more to import) is imported by rank 0's sender, off the training thread: never at train
+    begin, where every rank would wait for it."""
     environ = os.environ if environ is None else environ
     active_run_id = active_experiment_id = None
     tracking_uri = tracking_uri_from_environment(environ)
-    if "mlflow" in sys.modules or tracking_uri is None:
+    if "mlflow" in sys.modules:
         import mlflow
         from mlflow.tracking import fluent
 

@@ -48,5 +48,5 @@ AZUREML = dataclasses.replace(
 )
 
 
-def for_tracking_uri(tracking_uri: str) -> Limits:
+def for_tracking_uri(tracking_uri: str | None) -> Limits:
     return AZUREML if is_azureml(tracking_uri) else MLFLOW

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 
 from .._log import logger
 from ..common.redact import mask_uri, redact
-from . import mlflow_calls
+from . import mlflow_calls, reachability
 from .journal import LiveJournal
 from .limits import Limits
 from .uploader import Uploader, http_status, is_permanent
@@ -42,6 +42,11 @@ MIN_SEND_INTERVAL_S = 0.5
 UNANSWERED_S = 6.0
 SILENT_FACTOR = 4.0
 DOWN_GRACE_S = 3.0
+# At the end of fit, while no call has been answered (or the one in flight has waited PROBE_AFTER_S), the address is
+# asked directly, every PROBE_EVERY_S: a refused or unreachable one is known down at once (MLflow's client would
+# retry it for minutes: delivery/reachability.py).
+PROBE_AFTER_S = 1.0
+PROBE_EVERY_S = 2.0
 # The longest the sender holds MLflow's import and the run back when the first epoch is long: a run the sender
 # creates is visible in the UI by then, and Keras' tracing, at the epoch's start, is over.
 START_AFTER_S = 10.0
@@ -91,7 +96,7 @@ class Sender:
     def __init__(
         self,
         journal: LiveJournal,
-        tracking_uri: str,
+        tracking_uri: str | None,
         limits: Limits,
         max_backoff: float = 60.0,
         context_tags: Callable[[], Mapping[str, str]] | None = None,
@@ -110,6 +115,8 @@ class Sender:
         self._last_send = 0.0
         self._call_since: float | None = None  # when the server call in flight began
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
+        self._answered = False  # the server answered a call (even with a refusal)
+        self._refused = False  # at the end of fit, its address refused a connection (reachability.refuses)
         self.run_id: str | None = journal.meta().run_id
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
@@ -140,16 +147,32 @@ class Sender:
         return self.run_id
 
     def server_down(self) -> bool:
-        """The sender's own evidence that the server does not answer: the circuit is open, or the call in flight
-        has waited :data:`UNANSWERED_S` and :data:`SILENT_FACTOR` times the slowest answer so far."""
-        if self._backoff.is_open:
+        """The sender's own evidence that the server does not answer: the circuit is open, its address refused a
+        connection at the end of fit, or the call in flight has waited :data:`UNANSWERED_S` and :data:`SILENT_FACTOR`
+        times the slowest answer so far."""
+        if self._backoff.is_open or self._refused:
             return True
         since = self._call_since
         waited = time.monotonic() - since if since is not None else 0.0
         return waited > max(UNANSWERED_S, SILENT_FACTOR * self._slowest_answer_s)
 
     def _answered_after(self, started: float) -> None:
+        self._answered, self._refused = True, False
         self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
+
+    def _probe(self) -> None:
+        """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
+        short-lived thread, whether the server's address refuses connections (reachability.refuses)."""
+        since = self._call_since
+        waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
+        if self._refused or not (waiting or not self._answered):
+            return
+
+        def probe() -> None:
+            refused = reachability.refuses(self._tracking_uri)
+            self._refused = refused and not (self._answered and self._call_since is None)  # an answer came meanwhile
+
+        threading.Thread(target=probe, name="hvd-mlflow-probe", daemon=True).start()
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -167,8 +190,12 @@ class Sender:
                 self._cond.notify()
             self._begun.set()
         down_since: float | None = None
+        probed_at = float("-inf")
         while self._thread.is_alive():
             now = time.monotonic()
+            if now - probed_at >= PROBE_EVERY_S:
+                probed_at = now
+                self._probe()
             down_since = (down_since or now) if self.server_down() else None
             limit = deadline if down_since is None else min(deadline, down_since + DOWN_GRACE_S)
             if now >= limit:
@@ -215,7 +242,7 @@ class Sender:
             "hvd-mlflow: %d journal entr%s not delivered to %s%s. %s",
             left,
             "y was" if left == 1 else "ies were",
-            mask_uri(self._tracking_uri),
+            mask_uri(self._tracking_uri) if self._tracking_uri else "MLflow's default tracking URI",
             " (the server does not answer)" if self.server_down() else "",
             where,
         )
@@ -228,6 +255,11 @@ class Sender:
                 return
             from mlflow import MlflowClient
 
+            if self._tracking_uri is None:  # MLflow's default: resolved here, off the training thread, and journaled
+                from mlflow import get_tracking_uri
+
+                self._tracking_uri = get_tracking_uri()
+                self.journal.update_meta(tracking_uri=mask_uri(self._tracking_uri))
             if self._context_tags is not None and self.run_id is None:
                 tags = self._context_tags()
                 if tags:  # the journal's own tags (set by whoever made it) win

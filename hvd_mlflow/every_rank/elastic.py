@@ -10,9 +10,11 @@ computed them). At a reset:
 * every process stops its sender at once, without waiting for delivery (the journal keeps what it did not send,
   marked as handed over, so ``sync`` never ends the run);
 * steps are ``state.epoch`` at the restart + Keras' epoch, so the curve continues where it was;
-* whoever is rank 0 now logs into the same run (and ends it if hvd-mlflow created it), and replays the recent
-  epochs: those already delivered are skipped by the uploader's resume rule (a point at or below its metric's
-  last logged step is not sent again), the others are sent. No epoch that the survivors completed is lost, none
+* whoever is rank 0 now logs into the same run (and ends it if hvd-mlflow created it), logs the params and the hosts
+  tag again (every process keeps rank 0's of the first fit, agreed at its train begin: the same values, a no-op
+  where they had arrived, and there where the old rank 0 died before sending them), and replays the recent epochs:
+  those already delivered are skipped by the uploader's resume rule (a point at or below its metric's last logged
+  step is not sent again), the others are sent. No epoch that the survivors completed is lost, none
   is logged twice.
 
 :class:`ElasticSession` is the callback's side of it; the state is found from Horovod's
@@ -43,6 +45,8 @@ class ElasticLink:
     run_id: str | None = None
     owns_run: bool = False  # hvd-mlflow created the run, so whoever is rank 0 at the end ends it
     params_logged: bool = False
+    # the run's params and hosts tag: rank 0's of the first fit, agreed at its train begin (every_rank/fit_plan.py)
+    params: tuple[dict[str, str], dict[str, str]] | None = None
     history: collections.OrderedDict[int, tuple[int, dict[str, float]]] = dataclasses.field(
         default_factory=collections.OrderedDict
     )  # step -> (timestamp_ms, logged values)

@@ -40,6 +40,9 @@ class Proposal:
     log_every_n_steps: int = 0  # rank 0's, raised to keep the batch/ rows within the server's limit
     host: str = ""  # this rank's host name (rank 0 tags the run with every rank's)
     empty: tuple[str, ...] = ()  # which of this rank's shards are empty (training, validation): any is an error
+    # elastic: the run's params, kept from the training's first fit (``params_kept``), else rank 0's own now
+    params: Mapping[str, str] | None = None
+    params_kept: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Plan:
     first_step: int
     log_every_n_steps: int = 0
     hosts: tuple[str, ...] = ()  # every rank's host, in rank order
+    params: Mapping[str, str] | None = None  # elastic: the run's params (the first kept in rank order, else rank 0's)
 
 
 def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
@@ -92,8 +96,14 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
     if empty:  # one rank's own data, now known to every rank: the same error everywhere
         raise EmptyShardError(empty_shards_message(empty))
     leader = proposals[0]
+    kept = [p.params for p in proposals if p.params_kept and p.params is not None]
     return Plan(
-        leader.run_id, leader.owns_run, leader.first_step, leader.log_every_n_steps, tuple(p.host for p in proposals)
+        leader.run_id,
+        leader.owns_run,
+        leader.first_step,
+        leader.log_every_n_steps,
+        tuple(p.host for p in proposals),
+        kept[0] if kept else leader.params,
     )
 
 

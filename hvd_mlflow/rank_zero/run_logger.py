@@ -48,8 +48,8 @@ class RunLogger:
         self._param_names = NameMap(self.limits.name_length, what="param", raise_on_collision=False)
         self._tag_names = NameMap(self.limits.tag_key_length, what="tag", raise_on_collision=False)
         meta = JournalMeta.new(
-            tracking_uri=mask_uri(dest.tracking_uri),
-            tracking_uri_has_credentials=mask_uri(dest.tracking_uri) != dest.tracking_uri,
+            tracking_uri=mask_uri(dest.tracking_uri) if dest.tracking_uri else "",  # "": MLflow's default (sender's)
+            tracking_uri_has_credentials=bool(dest.tracking_uri) and mask_uri(dest.tracking_uri) != dest.tracking_uri,
             run_id=dest.run_id,
             experiment_id=dest.experiment_id,
             experiment_name=dest.experiment_name,

@@ -207,19 +207,10 @@ class RankZeroSteps:
         )
         return raised
 
-    def _log_params(self, epoch: int) -> None:
+    def _log_params(self, params: dict[str, str], tags: dict[str, str]) -> None:
         assert self._run_logger is not None
-        params = run_params.training_params(
-            self.params or {},
-            self.model,
-            world_size=self._comm.size,
-            batch_size=self._batch_size,
-            initial_epoch=epoch,
-            flavour=self._flavour or "keras",
-            batch_is_global=self._comm.batch_is_global,
-        )
-        self._run_logger.log_params({**params, **self.options.extra_params})
-        self._run_logger.log_tags(run_params.hosts_tag(self._hosts))
+        self._run_logger.log_params(params)
+        self._run_logger.log_tags(tags)
 
     def _open_csv(self, append: bool) -> None:
         if self._csv_logger is None:

@@ -114,7 +114,8 @@ def _deliver(
 
     path = journal.path
     meta = journal.meta()
-    uri = tracking_uri or meta.tracking_uri
+    # "": the training's MLflow default, which it had not resolved yet: MLflow's default in its working directory
+    uri = tracking_uri or meta.tracking_uri or compat.default_tracking_uri(meta.working_directory)
     if not tracking_uri and meta.tracking_uri_has_credentials:
         uri = destination.tracking_uri_from_environment() or ""
         if not uri:

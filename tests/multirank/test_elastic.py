@@ -11,6 +11,7 @@ hvd-mlflow's per-epoch extras and every logged batch once, before any ``sync`` o
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -32,7 +33,14 @@ WORKER = launch.WORKER.parent / "elastic_worker.py"
 
 
 def elastic_training(
-    tmp_path, tracking_uri: str, keras_mode, *extra: str, np: int = 2, discover_script: str = ""
+    tmp_path,
+    tracking_uri: str,
+    keras_mode,
+    *extra: str,
+    np: int = 2,
+    discover_script: str = "",
+    experiment: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, str, float]:
     """Run the elastic worker (``np`` processes, min 1, max 2); return its output, the experiment name, the seconds."""
     import keras
@@ -48,12 +56,13 @@ def elastic_training(
         sys.executable, str(WORKER), "--out", str(tmp_path), "--epochs", str(EPOCHS), "--kill-at", str(KILL_AT),
         *extra,
     ]  # fmt: skip
-    experiment = f"elastic-{uuid.uuid4().hex[:8]}"  # its own experiment: the only run there is this training's
+    experiment = experiment or f"elastic-{uuid.uuid4().hex[:8]}"  # its own: the only run there is this training's
     env = launch._env(
         {
             "MLFLOW_TRACKING_URI": tracking_uri,
             "MLFLOW_EXPERIMENT_NAME": experiment,
             "HOROVOD_ELASTIC_TIMEOUT": "60",
+            **(env or {}),
         }
     )
     start = time.time()
@@ -117,6 +126,29 @@ def test_rank0_killed_run_continues_with_every_epoch_once(tmp_path, mlflow_serve
     report("elastic", epochs=EPOCHS, killed_after_epoch=KILL_AT, redone_after_reset=redone, steps_in_run=EPOCHS,
            seconds=round(seconds, 1))  # fmt: skip
     assert "different values for param" not in output  # params are not logged again after a reset
+
+
+def test_rank0_killed_in_epoch_0_of_the_job_s_run_its_params_and_hosts_tag_still_reach_the_run(
+    tmp_path, mlflow_server, client, keras_mode
+):
+    """The job's run is known (MLFLOW_RUN_ID, as in an AzureML job) and rank 0 is killed at the end of epoch 0: it had
+    journaled the params and the hosts tag at epoch 0's begin, but its sender held them until that epoch's end and
+    had not sent them. Whoever is rank 0 after the reset logs them again from what every process kept (the same
+    values: the 2-rank world they describe), before any ``sync`` of the killed rank 0's journal."""
+    experiment = f"elastic-known-{uuid.uuid4().hex[:8]}"
+    run_id = client.create_run(client.create_experiment(experiment)).info.run_id
+    output, _, _ = elastic_training(tmp_path, mlflow_server.url, keras_mode, "--kill-at", "0",
+                                    experiment=experiment, env={"MLFLOW_RUN_ID": run_id})  # fmt: skip
+    by_epoch = epochs_by_global_epoch(tmp_path)
+    assert sorted(by_epoch) == list(range(EPOCHS)) and by_epoch[0][0]["size"] == 2  # killed after a 2-rank epoch 0
+    run = client.get_run(run_id)
+    params = run.data.params
+    assert (params.get("world_size"), params.get("epochs"), params.get("initial_epoch")) == ("2", str(EPOCHS), "0")
+    assert params.get("optimizer_name") and params.get("tensorflow_version"), params
+    assert run.data.tags.get("hvd_mlflow.hosts") == f"{socket.gethostname()}:0-1", run.data.tags  # both ranks' host
+    assert "different values for param" not in output
+    points = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+    assert [p.step for p in points] == list(range(EPOCHS))  # and every epoch once, as when a run is created
 
 
 def test_rank0_survives_a_reset_its_old_sender_ends_and_nothing_is_doubled(tmp_path, mlflow_server, client, keras_mode):

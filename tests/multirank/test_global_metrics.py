@@ -95,6 +95,7 @@ def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how):
     assert_run_holds_global_values(client, run_id, ranks)
     assert_params(client, run_id, batch_size_known=how == "autolog")
     assert [r["run_id"] for r in ranks] == [run_id, run_id]
+    assert [r["run_id_at_train_begin"] for r in ranks] == [run_id, run_id]  # a known run: on every rank at once
     assert_each_point_sent_once(proxy, ranks[0]["local"][0])
     # a run hvd-mlflow did not create is not ended by it
     assert client.get_run(run_id).info.status == "RUNNING"

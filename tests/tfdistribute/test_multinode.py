@@ -63,6 +63,8 @@ def test_rehearsal_of_the_tf_distribute_job_yaml():
                                                               if li.startswith("[worker 0] ")))]  # fmt: skip
     assert len(printed) == 3 and re.search(rf"^  loss +3 points, last {printed[-1]:.4f}$", out, re.M), out[-4000:]
     assert "hosts that connected to the tracking server: node0\n" in out
+    # the example batches a tf.data pipeline at the global size (64 per worker): the params say both
+    assert "params: world_size=2, batch_size=64, global_batch_size=128, steps_per_epoch=" in out, out[-3000:]
     assert "eagerly has significant overhead" not in out
 
 

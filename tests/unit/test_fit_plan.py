@@ -41,6 +41,18 @@ def test_every_rank_takes_rank_0s_run_and_first_step_in_one_collective():
         assert comm.calls == 1
 
 
+def test_elastic_params_kept_from_the_first_fit_win_over_a_new_rank_0_s_own():
+    """After a reset a process that joined later may be rank 0: its own params (its world, its epochs left) are not
+    the run's. Every rank takes the first params kept from the first fit, in rank order; else rank 0's own."""
+    first = {"world_size": "2", "epochs": "8"}
+    joined = {"world_size": "1", "epochs": "6"}
+    proposals = [Proposal(None, False, 0, OPTIONS, params=joined), Proposal(None, False, 0, OPTIONS, params=first,
+                                                                            params_kept=True)]  # fmt: skip
+    assert {agree(Gathered(rank, proposals), proposals[rank]).params["world_size"] for rank in (0, 1)} == {"2"}
+    fresh = [Proposal(None, False, 0, OPTIONS, params=first), Proposal(None, False, 0, OPTIONS)]  # the first fit
+    assert [agree(Gathered(rank, fresh), fresh[rank]).params for rank in (0, 1)] == [first, first]
+
+
 def test_different_options_raise_the_same_error_on_every_rank():
     other = (("reduction", "exact"), ("log_every_n_steps", 0), ("rank_spread", ()))
     proposals = [Proposal("r", False, 0, OPTIONS), Proposal(None, False, 0, other)]

@@ -12,6 +12,7 @@ import pytest
 from hvd_mlflow.delivery import sender as sender_module
 from hvd_mlflow.delivery.journal import FileJournal, JournalMeta, LiveJournal
 from hvd_mlflow.delivery.limits import MLFLOW
+from hvd_mlflow.delivery.reachability import refuses
 from hvd_mlflow.delivery.sender import Backoff, Sender
 
 
@@ -40,6 +41,8 @@ class FakeClient:
 def fake(monkeypatch):
     client = FakeClient()
     monkeypatch.setattr("mlflow.MlflowClient", lambda uri: client)
+    # "http://fake" resolves nowhere, so the end of fit's probe would find it down: it has tests of its own
+    monkeypatch.setattr(sender_module.reachability, "refuses", lambda *args, **kwargs: False)
     return client
 
 
@@ -108,6 +111,36 @@ def test_a_server_that_never_answered_costs_the_end_of_fit_a_few_seconds(tmp_pat
     start = time.monotonic()
     assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
     assert time.monotonic() - start < 1.5  # not the 60 s of flush_timeout
+    fake.release.set()
+
+
+def test_an_address_that_refuses_connections_is_known_down_at_the_end_of_fit_without_waiting_for_the_call(
+    tmp_path, fake, monkeypatch
+):
+    """A server down for the whole run: MLflow's client retries the refused connection for minutes, so the call in
+    flight neither answers nor fails (the fake blocks as it does). At the end of fit the address itself is asked:
+    refused, so only DOWN_GRACE_S is waited, not UNANSWERED_S first (before: 6 s + 3 s, whatever the call's age)."""
+    from tests.support.mlflow_server import free_port
+
+    monkeypatch.setattr(sender_module.reachability, "refuses", refuses)  # the real probe
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sender = Sender(LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=uri, run_id="run-1",
+                                                                             resume="log"))), uri, MLFLOW)  # fmt: skip
+    fake.blocked.set()
+    sender.start()
+    sender.begin()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    sender.notify()
+    for _ in range(100):  # the first call is in flight (and would stay so for minutes)
+        if fake.calls:
+            break
+        time.sleep(0.02)
+    assert fake.calls and not sender.server_down()  # the call has not waited UNANSWERED_S: not known down by it
+    start = time.monotonic()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
+    took = time.monotonic() - start
+    assert sender_module.DOWN_GRACE_S - 0.3 <= took < sender_module.DOWN_GRACE_S + 1.0, took
+    assert sender.server_down()
     fake.release.set()
 
 

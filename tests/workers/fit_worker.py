@@ -6,6 +6,9 @@ did) with what the tests compare against:
   ``CallbackList.on_epoch_end`` before any callback (hvd-mlflow's included) runs: the independent truth;
 * ``history``: what ``model.history`` (the last callback) recorded: must be the global values;
 * ``run_id``: the run id hvd-mlflow's callback holds on this rank (after its last epoch end, or at train end);
+  ``run_id_at_train_begin``: the one it holds once every callback's ``on_train_begin`` has run;
+* ``train_begin_at`` / ``fit_returned_at`` (wall clock, before the model is built / when the first ``fit`` returned),
+  and ``exit<R>.json``'s ``at``: when this process's last exit hook ran;
 * ``epoch_end_s`` / ``train_begin_s``: how long the callbacks took at those points, ``train_end_s`` from Keras'
   train-end callbacks until ``fit`` returned (autolog ends the fit after them) (on rank 0 that is the stall
   hvd-mlflow adds to the training).
@@ -14,6 +17,7 @@ did) with what the tests compare against:
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
 import importlib.util
 import json
@@ -88,6 +92,9 @@ def spy(args: argparse.Namespace) -> None:
             record[f"_{name[3:]}_began"] = start
             result = originals[name](self, logs)
             record[f"{name[3:]}_s"] = time.perf_counter() - start
+            if name == "on_train_begin":  # what a user's script reads right after: its checkpoint paths, say
+                record["run_id_at_train_begin"] = next((cb.run_id for cb in self.callbacks if isinstance(
+                    cb, hvd_mlflow.HorovodMlflowCallback)), None)  # fmt: skip
             return result
 
         return hook
@@ -337,6 +344,9 @@ def main() -> None:
 
         mlflow.tensorflow.autolog()
     hvd.init()
+    # registered first, so it runs last at exit (after hvd-mlflow's, Horovod's and MLflow's own exit hooks)
+    atexit.register(lambda: (args.out / f"exit{hvd.rank()}.json").write_text(json.dumps({"at": time.time()})))
+    record["train_begin_at"] = time.time()
     logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
     logging.getLogger("hvd_mlflow").setLevel(logging.INFO)
     rank = hvd.rank()
@@ -354,6 +364,7 @@ def main() -> None:
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=validation, callbacks=callbacks,
                         verbose=0, initial_epoch=args.initial_epoch)  # fmt: skip
     record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
+    record["fit_returned_at"] = time.time()
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
         more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,

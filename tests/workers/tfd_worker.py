@@ -176,6 +176,7 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
         record["raised"] = f"{type(error).__name__}: {error}"
         record.save()
         raise
+    out["fit_returned_at"] = time.time()
     callback = _hvd_callback()
     if callback is not None:
         out["run_id"] = callback.run_id

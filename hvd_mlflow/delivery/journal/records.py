@@ -52,7 +52,8 @@ class JournalMeta:
 
     journal_id: str = ""
     created: float = 0.0
-    tracking_uri: str = ""  # credentials masked
+    tracking_uri: str = ""  # credentials masked; "": MLflow's default in ``working_directory`` (not resolved yet)
+    working_directory: str = ""  # the training's: where MLflow's default store is
     tracking_uri_has_credentials: bool = False  # then ``sync`` needs the URI again (MLFLOW_TRACKING_URI)
     run_id: str | None = None
     experiment_id: str | None = None
@@ -76,7 +77,7 @@ class JournalMeta:
     def new(cls, **fields: Any) -> JournalMeta:
         """A description for a new journal: a fresh id, now, this process."""
         defaults = {"journal_id": uuid.uuid4().hex, "created": time.time(), "pid": os.getpid(),
-                    "host": socket.gethostname()}  # fmt: skip
+                    "host": socket.gethostname(), "working_directory": os.getcwd()}  # fmt: skip
         return cls(**{**defaults, **fields})
 
     def to_rows(self) -> dict[str, str | None]:
