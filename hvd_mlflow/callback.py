@@ -263,19 +263,6 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             with self._rank0.step("the CSV file"):
                 self._open_csv(append=epoch > 0)
 
-    def _described(self, epoch: int) -> tuple[dict[str, str], dict[str, str]]:
-        """Rank 0: the run's params (``epoch``: the first epoch's) and the hosts tag (the agreed hosts)."""
-        params = run_params.training_params(
-            self.params or {},
-            self.model,
-            world_size=self._comm.size,
-            batch_size=self._batch_size,
-            initial_epoch=epoch,
-            flavour=self._flavour or "keras",
-            batch_is_global=self._comm.batch_is_global,
-        )
-        return {**params, **self.options.extra_params}, run_params.hosts_tag(self._hosts)
-
     def on_test_begin(self, logs: Mapping[str, Any] | None = None) -> None:
         if not self._finished and not self._validating:  # fit's validation is about to reset the metrics
             self._keep_train_state()

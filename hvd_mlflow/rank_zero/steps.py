@@ -207,6 +207,19 @@ class RankZeroSteps:
         )
         return raised
 
+    def _described(self, epoch: int) -> tuple[dict[str, str], dict[str, str]]:
+        """Rank 0: the run's params (``epoch``: the first epoch's) and the hosts tag (the agreed hosts)."""
+        params = run_params.training_params(
+            self.params or {},
+            self.model,
+            world_size=self._comm.size,
+            batch_size=self._batch_size,
+            initial_epoch=epoch,
+            flavour=self._flavour or "keras",
+            batch_is_global=self._comm.batch_is_global,
+        )
+        return {**params, **self.options.extra_params}, run_params.hosts_tag(self._hosts)
+
     def _log_params(self, params: dict[str, str], tags: dict[str, str]) -> None:
         assert self._run_logger is not None
         self._run_logger.log_params(params)
