@@ -174,10 +174,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         first_step, every = 0, self.options.log_every_n_steps
         if self._comm.rank == 0:
             first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
-        kept, fresh = self._elastic.link.params if self._elastic is not None else None, None
-        if self._elastic is not None and kept is None and self._comm.rank == 0:
-            with self._rank0.step("params"):  # the first fit: rank 0's, agreed, so that any later rank 0 has them
-                fresh = self._described(int(self._elastic.state.epoch))[0]
+        params, kept = self._proposed_params()  # elastic: the run's params, so that any later rank 0 has them
         proposal = Proposal(
             self.run_id,
             self._owns_run,
@@ -186,8 +183,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             every,
             topology.hostname(),
             self._empty_here(),
-            params=kept[0] if kept is not None else fresh,
-            params_kept=kept is not None,
+            params=params,
+            params_kept=kept,
         )
         plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
@@ -195,8 +192,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._hosts = plan.hosts
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
-            if self._elastic.link.params is None and plan.params is not None:  # every process keeps rank 0's
-                self._elastic.link.params = (dict(plan.params), run_params.hosts_tag(plan.hosts))
+            self._elastic.agreed_params(plan.params, run_params.hosts_tag(plan.hosts))
         self._clock = fit_plan.batch_clock(plan, self.model, warn=self._comm.rank == 0)
         self._pending = PendingBatches(logged_batches_per_collective(self._clock.every))  # alike on every rank
         if self.options.system_metrics:  # every rank samples its own process
@@ -207,7 +203,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
                 self._run_logger.start()
             if self._elastic is not None and self._elastic.link.params and self._params_logged:  # the same values
                 with self._rank0.step("the params again, after the reset"):  # the old rank 0 may not have sent them
-                    self._log_params(*self._elastic.link.params)
+                    self._log_params(epoch=None)
             if self._elastic is not None and self.options.resume == "skip":  # what the old rank 0 may not have sent
                 with self._rank0.step("replaying the epochs before the reset", essential=True):
                     self._run_logger.log_metrics_many(self._elastic.replay())  # one transaction
@@ -254,8 +250,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._step = self._elastic.step(epoch) if self._elastic else epoch
         if self._logging and not self._params_logged:
             with self._rank0.step("params"):  # under elastic the agreed ones (any later rank 0 logs them again)
-                kept = self._elastic.link.params if self._elastic is not None else None
-                self._log_params(*(kept or self._described(epoch)))
+                self._log_params(epoch)
         self._params_logged = True
         if self._elastic is not None:  # every rank: whoever is rank 0 after a reset does not log them again
             self._elastic.link.params_logged = True

@@ -93,6 +93,11 @@ class ElasticSession:
             self._offset = int(self.state.epoch) - epoch
         return epoch + self._offset
 
+    def agreed_params(self, params: Mapping[str, str] | None, tags: Mapping[str, str]) -> None:
+        """Keep the run's params agreed at train begin (the first fit's; later fits' agreements carry the same)."""
+        if self.link.params is None and params is not None:
+            self.link.params = (dict(params), dict(tags))
+
     def agreed_run(self, run_id: str | None, owns_run: bool) -> None:
         self.link.run_id = run_id or self.link.run_id
         self.link.owns_run = owns_run or self.link.owns_run

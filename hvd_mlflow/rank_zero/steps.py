@@ -220,10 +220,27 @@ class RankZeroSteps:
         )
         return {**params, **self.options.extra_params}, run_params.hosts_tag(self._hosts)
 
-    def _log_params(self, params: dict[str, str], tags: dict[str, str]) -> None:
+    def _log_params(self, epoch: int | None) -> None:
+        """The run's params and hosts tag: under elastic the agreed ones (``epoch`` None: only those, after a reset),
+        else described now, ``epoch`` being the fit's first."""
         assert self._run_logger is not None
+        kept = self._elastic.link.params if self._elastic is not None else None
+        params, tags = kept if kept is not None or epoch is None else self._described(epoch)
         self._run_logger.log_params(params)
         self._run_logger.log_tags(tags)
+
+    def _proposed_params(self) -> tuple[dict[str, str] | None, bool]:
+        """Under elastic, what this process brings to the train-begin agreement: the params it kept from the first
+        fit (and True), else rank 0 its own now (the first fit), else nothing."""
+        if self._elastic is None:
+            return None, False
+        if self._elastic.link.params is not None:
+            return self._elastic.link.params[0], True
+        fresh = None
+        if self._comm.rank == 0:
+            with self._rank0.step("params"):
+                fresh = self._described(int(self._elastic.state.epoch))[0]
+        return fresh, False
 
     def _open_csv(self, append: bool) -> None:
         if self._csv_logger is None:
