@@ -27,7 +27,8 @@ class Options:
             ranks), ``weighted`` (mean weighted by samples) or ``mean`` (Horovod's unweighted mean).
         flush_timeout: seconds ``fit`` waits at its end for rank 0 to deliver what is still queued.
         run_wait: under Horovod elastic, seconds rank 0 waits at train begin for a new run to be opened (so
-            that every rank knows it before a reset); otherwise nothing waits: the run is opened once the first
+            that every rank knows it before a reset), and at the end of ``fit`` at most for the run the model is
+            logged in (not once the server is known down); nothing else waits: the run is opened once the first
             epoch has ended (or 10 s into it: MLflow is imported after Keras' tracing) and its id reaches the other
             ranks in the first epoch collective after that (rank 0 has it at the end of ``fit`` in any case).
             Logging goes on either way.

@@ -117,6 +117,8 @@ class Sender:
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
         self._answered = False  # the server answered a call (even with a refusal)
         self._refused = False  # at the end of fit, its address refused a connection (reachability.refuses)
+        self._probed_at = float("-inf")  # when the end of fit last asked the address (reachability.refuses)
+        self._down_since: float | None = None  # since when the end of fit has known the server down
         self.run_id: str | None = journal.meta().run_id
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
@@ -144,6 +146,13 @@ class Sender:
     def wait_for_run(self, timeout: float) -> str | None:
         self._begun.set()  # the run is needed now
         self._run_opened.wait(max(0.0, timeout))
+        return self.run_id
+
+    def wait_for_run_at_end(self, deadline: float) -> str | None:
+        """At the end of fit: the run's id once opened, or ``None`` at ``deadline`` (``time.monotonic()``) or as soon as
+        the server is known down (its address is asked meanwhile, as :meth:`close` does)."""
+        self._begun.set()
+        self._wait_at_end(self._run_opened.is_set, self._run_opened.wait, deadline, grace=0.0)
         return self.run_id
 
     def server_down(self) -> bool:
@@ -189,18 +198,7 @@ class Sender:
                 self._backoff.retry_at = 0.0  # one attempt now, whatever the backoff said
                 self._cond.notify()
             self._begun.set()
-        down_since: float | None = None
-        probed_at = float("-inf")
-        while self._thread.is_alive():
-            now = time.monotonic()
-            if now - probed_at >= PROBE_EVERY_S:
-                probed_at = now
-                self._probe()
-            down_since = (down_since or now) if self.server_down() else None
-            limit = deadline if down_since is None else min(deadline, down_since + DOWN_GRACE_S)
-            if now >= limit:
-                break
-            self._thread.join(min(0.2, limit - now))
+        self._wait_at_end(lambda: not self._thread.is_alive(), self._thread.join, deadline, grace=DOWN_GRACE_S)
         if not self._thread.is_alive() and self.delivered_all:
             self._release()
             return True
@@ -208,6 +206,22 @@ class Sender:
         self.stop(wait=0)
         self._warn_undelivered(left)
         return False
+
+    def _wait_at_end(
+        self, done: Callable[[], bool], pause: Callable[[float], object], deadline: float, grace: float
+    ) -> None:
+        """Until ``done()``, ``deadline``, or ``grace`` seconds after the server is first known down (kept across the
+        end of fit's waits: the model's, then the delivery's), asking its address every :data:`PROBE_EVERY_S`."""
+        while not done():
+            now = time.monotonic()
+            if now - self._probed_at >= PROBE_EVERY_S:
+                self._probed_at = now
+                self._probe()
+            self._down_since = (self._down_since or now) if self.server_down() else None
+            limit = deadline if self._down_since is None else min(deadline, self._down_since + grace)
+            if now >= limit:
+                return
+            pause(min(0.2, limit - now))
 
     def stop(self, wait: float = 0.0) -> None:
         """Stop after the request in flight (if any), without delivering the rest; it stays in the journal."""

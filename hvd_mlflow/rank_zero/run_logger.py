@@ -149,6 +149,9 @@ class RunLogger:
     def wait_for_run(self, timeout: float) -> str | None:
         return self.sender.wait_for_run(timeout)
 
+    def wait_for_run_at_end(self, deadline: float) -> str | None:
+        return self.sender.wait_for_run_at_end(deadline)
+
     @property
     def server_down(self) -> bool:
         return self.sender.server_down()

@@ -269,16 +269,16 @@ class RankZeroSteps:
         return not destination.is_azureml_job(mlflow.get_tracking_uri())
 
     def _log_model(self, deadline: float, run_logger: RunLogger) -> None:
-        import mlflow
-
         if run_logger.server_down:
             logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
             return
-        wait = min(self.options.run_wait, deadline - time.monotonic())
-        run_id = self.run_id or run_logger.wait_for_run(wait)
+        # not beyond the moment the server is known down (its address refuses): that ends the whole end of fit soon
+        run_id = self.run_id or run_logger.wait_for_run_at_end(min(time.monotonic() + self.options.run_wait, deadline))
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return
+        import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
+
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
         model_logging.log_model(
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()

@@ -7,6 +7,7 @@ to an epoch end on rank 0 stays under STALL_BOUND_S. Measurements go to test-art
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -18,6 +19,7 @@ import uuid
 
 import pytest
 
+from hvd_mlflow.delivery.sender import DOWN_GRACE_S
 from tests.support.checks import (
     FAST_RETRIES,
     STALL_BOUND_S,
@@ -318,6 +320,15 @@ def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_p
     ranks = finished_ranks(down)
     extra = down.seconds - healthy.seconds
     assert "hvd-mlflow sync" in down.output and "the model was not logged" in down.output
+    # From train begin to process exit (#33 item 11): train begin waits for nothing; rank 0's fit returns at most the
+    # probe plus DOWN_GRACE_S after rank 1's (the model's wait for a run included); each process exits right after.
+    exits = [json.loads((down.out_dir / f"exit{r}.json").read_text())["at"] for r in (0, 1)]
+    fit_lag = ranks[0]["fit_returned_at"] - ranks[1]["fit_returned_at"]
+    exit_lags = [round(at - rank["fit_returned_at"], 2) for at, rank in zip(exits, ranks, strict=True)]
+    timeline = dict(train_begin_s=ranks[0]["train_begin_s"], fit_lag_s=round(fit_lag, 2), exit_lags_s=exit_lags)
+    assert ranks[0]["train_begin_s"] < 2.0, timeline
+    assert fit_lag <= DOWN_GRACE_S + 1.5, timeline
+    assert max(exit_lags) <= 2.0, timeline
     with Proxy(mlflow_server.url, port=port):  # the server is back: the user runs the command the warning gave
         result = sync(tmp_path / "down")
     assert result.returncode == 0, result.stderr
@@ -325,7 +336,7 @@ def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_p
     counts = check_run(client, run.info.run_id, ranks, 6)
     assert run.info.status == "FINISHED"
     report("server_down_whole_training", healthy_s=round(healthy.seconds, 1), down_s=round(down.seconds, 1),
-           extra_s=round(extra, 1), **counts)  # fmt: skip
+           extra_s=round(extra, 1), **timeline, **counts)  # fmt: skip
     assert extra <= 15.0, (healthy.seconds, down.seconds)
 
 

@@ -144,6 +144,31 @@ def test_an_address_that_refuses_connections_is_known_down_at_the_end_of_fit_wit
     fake.release.set()
 
 
+def test_the_model_s_wait_for_a_run_ends_when_the_address_refuses_and_the_grace_is_counted_once(
+    tmp_path, fake, monkeypatch
+):
+    """The end of fit first waits for a run to log the model in (up to run_wait), then delivers. With the server's
+    address refusing from the start, the wait for the run ends once the probe says so, and the delivery's grace is
+    counted from that moment, not again (before: run_wait, 5 s, then the probe and DOWN_GRACE_S: 8-10 s in all)."""
+    from tests.support.mlflow_server import free_port
+
+    monkeypatch.setattr(sender_module.reachability, "refuses", refuses)  # the real probe
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    sender = Sender(LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=uri, run_id=None,
+                                                                             resume="log"))), uri, MLFLOW)  # fmt: skip
+    fake.blocked.set()
+    sender.start()
+    sender.journal.append("metrics", {"loss": 1.0}, step=0, timestamp_ms=1)
+    start = time.monotonic()
+    assert sender.wait_for_run_at_end(time.monotonic() + 30) is None
+    waited = time.monotonic() - start
+    assert waited < 1.0, waited
+    assert sender.close("FINISHED", deadline=time.monotonic() + 60) is False
+    took = time.monotonic() - start
+    assert sender_module.DOWN_GRACE_S - 0.3 <= took < sender_module.DOWN_GRACE_S + 0.8, (waited, took)
+    fake.release.set()
+
+
 def test_nothing_is_imported_or_sent_before_the_first_epoch_ends_then_at_once(tmp_path, fake, monkeypatch):
     """The thread holds MLflow's import and its first request until begin() (the callback's first epoch commit):
     they would take half the training thread's time while Keras traces its functions in the first epoch."""
