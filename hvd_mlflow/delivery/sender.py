@@ -116,6 +116,7 @@ class Sender:
         self._call_since: float | None = None  # when the server call in flight began
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
         self._answered = False  # the server answered a call (even with a refusal)
+        self._answers = 0  # how many calls it answered
         self._refused = False  # at the end of fit, its address refused a connection (reachability.refuses)
         self._probed_at = float("-inf")  # when the end of fit last asked the address (reachability.refuses)
         self._down_since: float | None = None  # since when the end of fit has known the server down
@@ -167,21 +168,29 @@ class Sender:
 
     def _answered_after(self, started: float) -> None:
         self._answered, self._refused = True, False
+        self._answers += 1
         self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
-    def _probe(self) -> None:
-        """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
-        short-lived thread, whether the server's address refuses connections (reachability.refuses)."""
+    def _probe(self, anyway: bool = False) -> None:
+        """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`; ``anyway``:
+        whatever the sender is doing, for a call of another thread's): ask, on a short-lived thread, whether the
+        server's address refuses connections (reachability.refuses). An answer meanwhile outweighs the probe."""
         since = self._call_since
         waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
-        if self._refused or not (waiting or not self._answered):
+        if self._refused or not (anyway or waiting or not self._answered):
             return
+        answers = self._answers
 
         def probe() -> None:
             refused = reachability.refuses(self._tracking_uri)
-            self._refused = refused and not (self._answered and self._call_since is None)  # an answer came meanwhile
+            self._refused = refused and self._answers == answers
 
         threading.Thread(target=probe, name="hvd-mlflow-probe", daemon=True).start()
+
+    def wait_for_upload(self, upload: threading.Thread, deadline: float) -> None:
+        """At the end of fit: wait for another thread's upload (the model's) until it ends, ``deadline``, or the
+        server is known down (its address is asked meanwhile, the sender's own calls aside)."""
+        self._wait_at_end(lambda: not upload.is_alive(), upload.join, deadline, grace=0.0, probe_anyway=True)
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -208,7 +217,12 @@ class Sender:
         return False
 
     def _wait_at_end(
-        self, done: Callable[[], bool], pause: Callable[[float], object], deadline: float, grace: float
+        self,
+        done: Callable[[], bool],
+        pause: Callable[[float], object],
+        deadline: float,
+        grace: float,
+        probe_anyway: bool = False,
     ) -> None:
         """Until ``done()``, ``deadline``, or ``grace`` seconds after the server is first known down (kept across the
         end of fit's waits: the model's, then the delivery's), asking its address every :data:`PROBE_EVERY_S`."""
@@ -216,7 +230,7 @@ class Sender:
             now = time.monotonic()
             if now - self._probed_at >= PROBE_EVERY_S:
                 self._probed_at = now
-                self._probe()
+                self._probe(anyway=probe_anyway)
             self._down_since = (self._down_since or now) if self.server_down() else None
             limit = deadline if self._down_since is None else min(deadline, self._down_since + grace)
             if now >= limit:

@@ -8,6 +8,7 @@ artifact, with a warning.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,9 @@ class RunLogger:
 
     def wait_for_run_at_end(self, deadline: float) -> str | None:
         return self.sender.wait_for_run_at_end(deadline)
+
+    def wait_for_upload(self, upload: threading.Thread, deadline: float) -> None:
+        self.sender.wait_for_upload(upload, deadline)
 
     @property
     def server_down(self) -> bool:

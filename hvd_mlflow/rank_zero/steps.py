@@ -280,9 +280,8 @@ class RankZeroSteps:
         import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
 
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        model_logging.log_model(
-            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
-        )
+        model_logging.log_model(self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts,
+                                timeout=deadline - time.monotonic(), wait=run_logger.wait_for_upload)  # fmt: skip
 
     def _record_inexact(self) -> None:
         """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""

@@ -233,6 +233,8 @@ def test_names_that_collide_once_cleaned_fail_every_rank(tmp_path, mlflow_server
 
 
 def test_secrets_never_reach_logs_journal_or_run(tmp_path, mlflow_server, client):
+    """Three secrets (a token, a password in the URI, a key in an unrelated variable) against the training's output,
+    the journal files byte by byte (the database and its WAL), the sync's output and the run's params and tags."""
     token, password, api_key = (f"SECRET{uuid.uuid4().hex}" for _ in range(3))
     port = free_port()
     uri = f"http://alice:{password}@127.0.0.1:{port}"  # nothing listens during training
@@ -243,6 +245,13 @@ def test_secrets_never_reach_logs_journal_or_run(tmp_path, mlflow_server, client
     ranks = finished_ranks(done)
     [journal] = journals(tmp_path)
     assert oct(journal.stat().st_mode & 0o777) == oct(0o600)
+    # the journal files themselves (the database and its WAL), byte by byte, before any sync touches them
+    files = list((tmp_path / ".hvd_mlflow" / "journal").iterdir())
+    assert files
+    for path in files:
+        data = path.read_bytes()
+        for secret in (token, password, api_key):
+            assert secret.encode() not in data, f"a secret is in the journal file {path.name}"
     refused = sync(tmp_path)  # the journal does not hold the password, so sync must be told the URI
     assert refused.returncode != 0 and "carried credentials" in refused.stderr
     with Proxy(mlflow_server.url, port=port):
@@ -259,21 +268,7 @@ def test_secrets_never_reach_logs_journal_or_run(tmp_path, mlflow_server, client
         for secret in (token, password, api_key):
             assert secret not in text, f"a secret leaked into the {name_}"
     assert "***@127.0.0.1" in done.output  # the URI is shown, masked
-    report("secrets", places_checked=len(texts) + 1, secrets=3, leaks=0)
-
-
-def test_the_journal_holds_no_secret(tmp_path):
-    """The journal file itself (and its WAL), grepped byte by byte after a training that could not log."""
-    token = f"SECRET{uuid.uuid4().hex}"
-    password = f"SECRET{uuid.uuid4().hex}"
-    done = train(tmp_path, f"http://bob:{password}@127.0.0.1:{free_port()}", args=["--epochs", "2"],
-                 HVD_MLFLOW_FLUSH_TIMEOUT="2", MLFLOW_TRACKING_TOKEN=token)  # fmt: skip
-    finished_ranks(done)
-    files = list((tmp_path / ".hvd_mlflow" / "journal").iterdir())
-    assert files
-    for path in files:
-        data = path.read_bytes()
-        assert token.encode() not in data and password.encode() not in data, path
+    report("secrets", places_checked=len(texts) + 1 + len(files), secrets=3, leaks=0)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
@@ -338,6 +333,41 @@ def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_p
     report("server_down_whole_training", healthy_s=round(healthy.seconds, 1), down_s=round(down.seconds, 1),
            extra_s=round(extra, 1), **timeline, **counts)  # fmt: skip
     assert extra <= 15.0, (healthy.seconds, down.seconds)
+
+
+def test_a_server_gone_for_good_mid_run_ends_the_fit_in_seconds_model_included(tmp_path, mlflow_server, client):
+    """Default settings with model logging: the run is open and answered, then the server goes away for good at the
+    second metrics request. The end of fit, model upload included, is over DOWN_GRACE_S after the address is known
+    to refuse, not flush_timeout later; `sync` with the server back delivers every epoch once."""
+    name = f"gone-{uuid.uuid4().hex[:8]}"
+    seen = {"metric_requests": 0}
+    proxy: Proxy
+
+    def fault(request: Recorded):
+        if request.metrics:
+            seen["metric_requests"] += 1
+            if seen["metric_requests"] == 2:
+                threading.Thread(target=proxy.stop).start()  # stops listening; never back during the training
+                return RESET
+        return None
+
+    proxy = Proxy(mlflow_server.url, fault=fault).__enter__()
+    port = proxy.port
+    done = launch.run(tmp_path, ["--epochs", "8", "--epoch-sleep", "0.4"], timeout=400,
+                      env={"HVD_MLFLOW_LOG_MODELS": "1", "MLFLOW_TRACKING_URI": proxy.url,
+                           "MLFLOW_EXPERIMENT_NAME": name})  # fmt: skip
+    ranks = finished_ranks(done)
+    fit_lag = ranks[0]["fit_returned_at"] - ranks[1]["fit_returned_at"]
+    assert seen["metric_requests"] >= 2 and "the model was not logged" in done.output, done.output[-3000:]
+    assert fit_lag <= DOWN_GRACE_S + 1.5, (fit_lag, ranks[0]["train_end_s"])
+    with Proxy(mlflow_server.url, port=port):  # the server is back: the user runs the command the warning gave
+        result = sync(tmp_path)
+    assert result.returncode == 0, result.stderr
+    [run] = client.search_runs([client.get_experiment_by_name(name).experiment_id])
+    counts = check_run(client, run.info.run_id, ranks, 8)
+    assert run.info.status == "FINISHED"
+    report("server_gone_mid_run_with_model", fit_lag_s=round(fit_lag, 2), train_end_s=round(ranks[0]["train_end_s"], 2),
+           **counts)  # fmt: skip
 
 
 def test_sync_from_another_host_skips_a_journal_a_training_still_writes(tmp_path, mlflow_server, client):
