@@ -68,7 +68,9 @@ apt_install() {  # what [package...]: Debian packages when root, else say what i
   local what=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     log "installing $* (Debian packages) for $what"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq "$@" >/dev/null
+    # one apt at a time: scripts/test.sh sets the rows up side by side (apt-get update takes its lock without waiting)
+    flock "${TMPDIR:-/tmp}/hvd-mlflow-apt.lock" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+      apt-get install -o DPkg::Lock::Timeout=600 -y -qq "$@" >/dev/null' apt "$@"
   else
     log "$what needs the Debian packages $*: install them (sudo apt-get install $*)"; exit 1
   fi

@@ -1,43 +1,64 @@
 #!/usr/bin/env bash
 # Set up the support matrix's four rows (from nothing if needed; docs/support-matrix.md) and run every test:
-#   ruff, then pytest once per row: "plain MLflow, newest" (TF 2.16 + Keras 3, MLflow 3.17, no AzureML plugin),
+#   ruff, then pytest once per row: "plain MLflow, newest" (TF 2.18 + Keras 3.15, MLflow 3.17, no AzureML plugin),
 #   "AzureML today" (TF 2.16 + tf_keras with TF_USE_LEGACY_KERAS=1, MLflow 3.15 + azureml-mlflow), "oldest
 #   supported" (TF 2.15 + Keras 2, MLflow 2.12 + azureml-mlflow 1.56, Python 3.10), "tf.distribute, newest TensorFlow"
 #   (TF 2.21 + tf_keras, no Horovod, MLflow 3.15 + azureml-mlflow: the tf.distribute engine's tests only). Extra
 #   arguments go to pytest.
+#
+#   scripts/test.sh --quick [pytest args]   # a contributor's inner loop: ruff, then the unit and single-process tests
+#                                            # of the primary row (AzureML's, .venv) only, in a few minutes
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  t0=$(date +%s)
+  venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
+  "$venv/bin/ruff" check . && "$venv/bin/ruff" format --check . || exit 1
+  # the packaging test builds a venv and installs into it (minutes): the full suite runs it
+  TF_CPP_MIN_LOG_LEVEL=2 TF_USE_LEGACY_KERAS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=5 \
+    tests/unit tests/single_process --ignore=tests/single_process/test_packaging.py "$@"
+  status=$?
+  echo "== quick (AzureML row: unit and single-process tests): $(( $(date +%s) - t0 )) s"
+  exit $status
+fi
 start=$(date +%s)
 export HVD_MLFLOW_SUITE="$$-$start"  # marks every process the suite starts (checked at the end)
 
-# The tf.distribute row compiles nothing (no Horovod) and chromium is a download: both are set up beside the
-# Horovod rows, whose set-up is mostly compiling Horovod (the downloads wait on the network, the compiles on the CPU).
-# Each keeps its own output, shown once it is done.
+# The four rows are set up side by side: a row's downloads and pip installs wait on the network and the disk, its
+# Horovod compile (three rows) on the CPU, and one compile alone leaves a core idle in its single-threaded steps.
+# Apt runs one at a time (setup-env.sh and the chromium install below share a lock). Each row keeps its own output,
+# shown once it is done.
 side=$(mktemp -d)
-scripts/setup-env.sh tfdistribute >"$side/tfdistribute.path" 2>"$side/tfdistribute.log" &
-tfd_setup=$!
-venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
-# after the primary row, whose set-up may take the Debian package lock (Open MPI)
+rows=(tf2.16 newest oldest tfdistribute)
+declare -A setup_pid
+for matrix in "${rows[@]}"; do
+  scripts/setup-env.sh "$matrix" >"$side/$matrix.path" 2>"$side/$matrix.log" &
+  setup_pid[$matrix]=$!
+done
 (
   # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
   if ! command -v chromium >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
       echo "== installing chromium (Debian package) for the browser test"
-      (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -o DPkg::Lock::Timeout=600 -y -qq chromium \
-        >/dev/null) || exit 1
+      flock "${TMPDIR:-/tmp}/hvd-mlflow-apt.lock" sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -o DPkg::Lock::Timeout=600 -y -qq chromium >/dev/null' || exit 1
     else
       echo "== chromium is missing and this is not root: the browser test will fail (sudo apt-get install chromium)"
     fi
   fi
 ) >"$side/chromium.log" 2>&1 &
 chromium_setup=$!
-venv_newest=$(scripts/setup-env.sh newest | tail -n 1) || exit 1
-venv_oldest=$(scripts/setup-env.sh oldest | tail -n 1) || exit 1
-wait "$tfd_setup" || { cat "$side/tfdistribute.log"; exit 1; }
+for matrix in "${rows[@]}"; do
+  wait "${setup_pid[$matrix]}" || { echo "== setting up $matrix failed:"; cat "$side/$matrix.log"; exit 1; }
+  echo "== $matrix: $(paste -sd' ' "$side/$matrix.path")"  # its versions (when it was set up now) and its venv
+done
+venv=$(tail -n 1 "$side/tf2.16.path")
+venv_newest=$(tail -n 1 "$side/newest.path")
+venv_oldest=$(tail -n 1 "$side/oldest.path")
 venv_tfd=$(tail -n 1 "$side/tfdistribute.path")
 wait "$chromium_setup" || { cat "$side/chromium.log"; exit 1; }
-grep -v '^\[setup-env' "$side/tfdistribute.log" | grep -v "^WARNING: Location" | tail -n 3
 cat "$side/chromium.log"
 echo "== setup done in $(( $(date +%s) - start )) s"
 

@@ -1,6 +1,7 @@
 """Every code block of the README and docs/ runs, in document order, as a reader would run it.
 
-* ```` ```python ```` blocks run in a fresh interpreter each, in the page's working directory, after a small
+* ```` ```python ```` blocks run in a fresh process each (forked from one that imported TensorFlow and Horovod:
+  tests/support/zygote.py), in the page's working directory, after a small
   setup (:data:`SETUP`: Horovod initialised as one process, a compiled ``model``, shards ``x_shard``/``y_shard``,
   ``xv_shard``/``yv_shard``, ``my_callbacks``), with MLflow's default local store. Blocks assert what they
   claim where it can be asserted.
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.environment import clean_environment
+from tests.support.zygote import Zygote
 
 pytestmark = [pytest.mark.docs, pytest.mark.timeout(1800)]
 
@@ -88,17 +90,25 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run(block: Block, workdir: Path) -> None:
+@pytest.fixture(scope="module")
+def zygote():
+    """Python blocks run each in a fresh process forked from one that imported TensorFlow and Horovod once
+    (tests/support/zygote.py): a reader's fresh interpreter, without TensorFlow's import per block."""
+    with Zygote(environment()) as forked:
+        yield forked
+
+
+def run(block: Block, workdir: Path, zygote: Zygote) -> None:
     if block.language == "python":
         script = workdir / f"block_{block.line}.py"
         script.write_text(SETUP + "\n" + block.code)
-        command, cwd = [sys.executable, str(script)], workdir
+        returncode, output = zygote.run(script, cwd=workdir, env=environment(), timeout=900)
     else:
         cwd = ROOT if "cwd=repo" in block.directive else workdir
         command = ["bash", "-euo", "pipefail", "-c", block.code]
-    done = subprocess.run(command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=900)
-    output = (done.stdout + done.stderr)[-5000:]
-    assert done.returncode == 0, f"{block} failed (exit {done.returncode}):\n{block.code}\n{output}"
+        done = subprocess.run(command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=900)
+        returncode, output = done.returncode, done.stdout + done.stderr
+    assert returncode == 0, f"{block} failed (exit {returncode}):\n{block.code}\n{output[-5000:]}"
 
 
 def test_every_block_declares_a_language_and_skips_are_rare():
@@ -113,7 +123,7 @@ def test_every_block_declares_a_language_and_skips_are_rare():
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
-def test_code_blocks_run(page: Path, tmp_path: Path):
+def test_code_blocks_run(page: Path, tmp_path: Path, zygote: Zygote):
     import yaml
 
     ran = 0
@@ -125,6 +135,6 @@ def test_code_blocks_run(page: Path, tmp_path: Path):
         elif block.directive.startswith("file="):
             (tmp_path / block.directive.removeprefix("file=")).write_text(block.code)
         else:
-            run(block, tmp_path)
+            run(block, tmp_path, zygote)
         ran += 1
     print(f"{page.name}: {ran} block(s) ran")

@@ -82,14 +82,34 @@ def assert_params(client, run_id: str, batch_size_known: bool = True, steps: int
     assert tags["hvd_mlflow.reduction"] == "exact"
 
 
-@pytest.mark.parametrize("how", ["autolog", "explicit-callback"])
-def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how):
-    """As in an AzureML job: every rank inherits MLFLOW_RUN_ID; only rank 0 writes, only global values."""
+def precreated_run_job(out_dir, mlflow_server, client, how: str) -> tuple[str, launch.Launch, Proxy]:
+    """As in an AzureML job: every rank inherits MLFLOW_RUN_ID, through a proxy that records the requests; under
+    autolog also ``csv_path`` (rank 0's local CSV sends nothing: the requests are the same)."""
     experiment = client.create_experiment(f"precreated-{uuid.uuid4().hex[:8]}")
     run_id = client.create_run(experiment).info.run_id
     args = ["--epochs", str(EPOCHS)] + (["--explicit-callback"] if how == "explicit-callback" else [])
+    csv = {"HVD_MLFLOW_CSV_PATH": "metrics.csv"} if how == "autolog" else {}
     with Proxy(mlflow_server.url) as proxy:
-        done = launch.run(tmp_path, args, env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id})
+        done = launch.run(out_dir, args, env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id, **csv})
+    return run_id, done, proxy
+
+
+@pytest.fixture(scope="module")
+def autolog_precreated(mlflow_server, tmp_path_factory):
+    """One autolog job into a pre-created run, shared by the tests that read it (each its own checks)."""
+    from mlflow import MlflowClient
+
+    return precreated_run_job(tmp_path_factory.mktemp("precreated"), mlflow_server, MlflowClient(mlflow_server.url),
+                              "autolog")  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["autolog", "explicit-callback"])
+def test_azureml_style_precreated_run(tmp_path, mlflow_server, client, how, request):
+    """As in an AzureML job: every rank inherits MLFLOW_RUN_ID; only rank 0 writes, only global values."""
+    if how == "autolog":
+        run_id, done, proxy = request.getfixturevalue("autolog_precreated")
+    else:
+        run_id, done, proxy = precreated_run_job(tmp_path, mlflow_server, client, how)
     done.check()
     ranks = [done.rank(0), done.rank(1)]
     assert_run_holds_global_values(client, run_id, ranks)
@@ -184,7 +204,7 @@ def test_one_process_without_horovodrun(tmp_path, mlflow_server, client):
     assert client.get_run(run_id).data.params["world_size"] == "1"
 
 
-def test_csv_sidecar_in_keras_format_and_import_csv(tmp_path, mlflow_server, client):
+def test_csv_sidecar_in_keras_format_and_import_csv(mlflow_server, client, autolog_precreated):
     """autolog(csv_path=...) writes the global values on rank 0 only, in CSVLogger's format; import-csv brings
     that file into a run, at step = epoch, and a second import adds nothing."""
     import csv
@@ -192,20 +212,18 @@ def test_csv_sidecar_in_keras_format_and_import_csv(tmp_path, mlflow_server, cli
     import sys
     from pathlib import Path
 
-    experiment = client.create_experiment(f"csv-{uuid.uuid4().hex[:8]}")
-    run_id = client.create_run(experiment).info.run_id
-    env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id, "HVD_MLFLOW_CSV_PATH": "metrics.csv"}
-    done = launch.run(tmp_path, ["--epochs", str(EPOCHS)], env=env).check()
+    _, done, _ = autolog_precreated
+    done.check()
     ranks = [done.rank(0), done.rank(1)]
     expected = expected_global(ranks, EPOCHS)
-    rows = list(csv.DictReader((tmp_path / "metrics.csv").open()))
+    rows = list(csv.DictReader((done.out_dir / "metrics.csv").open()))
     assert list(rows[0]) == ["epoch", *sorted(expected)]  # CSVLogger: epoch, then the keys sorted
     for epoch, row in enumerate(rows):
         assert int(row["epoch"]) == epoch
         for key, values in expected.items():
             assert float(row[key]) == pytest.approx(values[epoch], rel=1e-6)
     name = f"imported-{uuid.uuid4().hex[:8]}"
-    command = [str(Path(sys.executable).parent / "hvd-mlflow"), "import-csv", str(tmp_path / "metrics.csv"),
+    command = [str(Path(sys.executable).parent / "hvd-mlflow"), "import-csv", str(done.out_dir / "metrics.csv"),
                "--experiment", name, "--tracking-uri", mlflow_server.url]  # fmt: skip
     first = subprocess.run(command, capture_output=True, text=True, timeout=120)
     again = subprocess.run(command, capture_output=True, text=True, timeout=120)

@@ -47,7 +47,7 @@ def test_each_row_is_its_requirements_file():
 
 
 def test_closest_row_of_environments_users_have():
-    plain = Row("here", "", "3.12", "2.16.2", "keras 3", "3.18.0", None)
+    plain = Row("here", "", "3.12", "2.18.0", "keras 3", "3.18.0", None)
     assert closest_row(plain) == (compat.ROWS[1], ["Python 3.12 (row: 3.11)", "MLflow 3.18.0 (row: 3.17.2)"])
     older_image = Row("here", "", "3.10", "2.15.0", "keras 2", "2.16.2", "1.58.0")
     assert closest_row(older_image) == (
