@@ -98,7 +98,10 @@ fi
 [ "$controllers" = none ] || pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
 
 log "installing hvd-mlflow (editable) with the extras $extras"
-pip install -c "$constraints" -e "$root[$extras]"
+# one editable install of this tree at a time (scripts/test.sh sets the rows up side by side; each writes the
+# tree's egg-info)
+flock "${TMPDIR:-/tmp}/hvd-mlflow-editable.lock" "$venv/bin/python" -m pip --disable-pip-version-check -q install \
+  -c "$constraints" -e "$root[$extras]"
 
 "$venv/bin/python" "$root/scripts/check_environment.py" "$controllers"
 echo "$want" > "$stamp"

@@ -37,6 +37,9 @@ for matrix in "${rows[@]}"; do
   scripts/setup-env.sh "$matrix" >"$side/$matrix.path" 2>"$side/$matrix.log" &
   setup_pid[$matrix]=$!
 done
+# a row that fails ends the suite: the others' set-ups end with it, their pip and compilers too (not left writing)
+kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null; }
+trap 'for pid in "${setup_pid[@]}"; do kill_tree "$pid"; done' EXIT
 (
   # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
   if ! command -v chromium >/dev/null; then
@@ -59,6 +62,7 @@ venv_newest=$(tail -n 1 "$side/newest.path")
 venv_oldest=$(tail -n 1 "$side/oldest.path")
 venv_tfd=$(tail -n 1 "$side/tfdistribute.path")
 wait "$chromium_setup" || { cat "$side/chromium.log"; exit 1; }
+trap - EXIT
 cat "$side/chromium.log"
 echo "== setup done in $(( $(date +%s) - start )) s"
 

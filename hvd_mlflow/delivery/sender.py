@@ -120,6 +120,7 @@ class Sender:
         self._refused = False  # at the end of fit, its address refused a connection (reachability.refuses)
         self._probed_at = float("-inf")  # when the end of fit last asked the address (reachability.refuses)
         self._down_since: float | None = None  # since when the end of fit has known the server down
+        self._answers_when_down = 0  # the answer count then: only an answer since ends that knowledge
         self.run_id: str | None = journal.meta().run_id
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
@@ -153,7 +154,8 @@ class Sender:
         """At the end of fit: the run's id once opened, or ``None`` at ``deadline`` (``time.monotonic()``) or as soon as
         the server is known down (its address is asked meanwhile, as :meth:`close` does)."""
         self._begun.set()
-        self._wait_at_end(self._run_opened.is_set, self._run_opened.wait, deadline, grace=0.0)
+        opened_or_gone = lambda: self._run_opened.is_set() or not self._thread.is_alive()  # noqa: E731
+        self._wait_at_end(opened_or_gone, self._run_opened.wait, deadline, grace=0.0)
         return self.run_id
 
     def server_down(self) -> bool:
@@ -167,30 +169,35 @@ class Sender:
         return waited > max(UNANSWERED_S, SILENT_FACTOR * self._slowest_answer_s)
 
     def _answered_after(self, started: float) -> None:
+        self._answers += 1  # first: a probe that began before this answer sees it (_ask_address)
         self._answered, self._refused = True, False
-        self._answers += 1
         self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
-    def _probe(self, anyway: bool = False) -> None:
-        """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`; ``anyway``:
-        whatever the sender is doing, for a call of another thread's): ask, on a short-lived thread, whether the
-        server's address refuses connections (reachability.refuses). An answer meanwhile outweighs the probe."""
+    def _probe(self) -> bool:
+        """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
+        short-lived thread, whether the server's address refuses connections (reachability.refuses). True if asked."""
         since = self._call_since
         waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
-        if self._refused or not (anyway or waiting or not self._answered):
-            return
+        if self._refused or not (waiting or not self._answered):
+            return False
+        threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True).start()
+        return True
+
+    def address_refuses(self, wait: float = reachability.CONNECT_TIMEOUT_S + 0.5) -> bool:
+        """Whether the server's address refuses connections, asked now on a short-lived thread and waited for at most
+        ``wait`` (a slow name lookup is not an answer): if so the server is known down from now on, until it answers
+        a call."""
+        asking = threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True)
+        asking.start()
+        asking.join(wait)
+        return self._refused
+
+    def _ask_address(self) -> None:
         answers = self._answers
-
-        def probe() -> None:
-            refused = reachability.refuses(self._tracking_uri)
-            self._refused = refused and self._answers == answers
-
-        threading.Thread(target=probe, name="hvd-mlflow-probe", daemon=True).start()
-
-    def wait_for_upload(self, upload: threading.Thread, deadline: float) -> None:
-        """At the end of fit: wait for another thread's upload (the model's) until it ends, ``deadline``, or the
-        server is known down (its address is asked meanwhile, the sender's own calls aside)."""
-        self._wait_at_end(lambda: not upload.is_alive(), upload.join, deadline, grace=0.0, probe_anyway=True)
+        if reachability.refuses(self._tracking_uri):
+            self._refused = True
+            if self._answers != answers:  # an answer came meanwhile (_answered_after counts before it clears)
+                self._refused = False
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -202,6 +209,7 @@ class Sender:
             else:  # leave the run as it is: nothing to end once delivered
                 self.journal.update_meta(ended=True)
         finally:
+            self._note_down(time.monotonic())  # known down already: the grace counts from now, whatever the attempt
             with self._cond:
                 self._closing = True
                 self._backoff.retry_at = 0.0  # one attempt now, whatever the backoff said
@@ -217,25 +225,33 @@ class Sender:
         return False
 
     def _wait_at_end(
-        self,
-        done: Callable[[], bool],
-        pause: Callable[[float], object],
-        deadline: float,
-        grace: float,
-        probe_anyway: bool = False,
+        self, done: Callable[[], bool], pause: Callable[[float], object], deadline: float, grace: float
     ) -> None:
         """Until ``done()``, ``deadline``, or ``grace`` seconds after the server is first known down (kept across the
         end of fit's waits: the model's, then the delivery's), asking its address every :data:`PROBE_EVERY_S`."""
         while not done():
             now = time.monotonic()
-            if now - self._probed_at >= PROBE_EVERY_S:
+            if now - self._probed_at >= PROBE_EVERY_S and self._probe():  # the next in PROBE_EVERY_S, if asked now
                 self._probed_at = now
-                self._probe(anyway=probe_anyway)
-            self._down_since = (self._down_since or now) if self.server_down() else None
+            self._note_down(now)
             limit = deadline if self._down_since is None else min(deadline, self._down_since + grace)
             if now >= limit:
                 return
             pause(min(0.2, limit - now))
+
+    def known_down(self) -> bool:
+        """At the end of fit: whether the server is known down now; from then on the end's grace counts (close())."""
+        self._note_down(time.monotonic())
+        return self._down_since is not None
+
+    def _note_down(self, now: float) -> None:
+        """At the end of fit: the server is known down from the first moment :meth:`server_down` says so, until it
+        answers a call (a new attempt alone, which makes the call in flight young again, does not undo it)."""
+        if self.server_down():
+            if self._down_since is None:
+                self._down_since, self._answers_when_down = now, self._answers
+        elif self._down_since is not None and self._answers != self._answers_when_down:
+            self._down_since = None
 
     def stop(self, wait: float = 0.0) -> None:
         """Stop after the request in flight (if any), without delivering the rest; it stays in the journal."""

@@ -6,9 +6,9 @@ Where the tracking server has MLflow's logged-models API (any MLflow server), th
 TensorFlow SavedModel (``model/saved_model``, what AzureML deployments load) and, with Keras 3, the native
 ``model/model.keras``.
 
-The upload runs in a thread and ``fit`` waits for it at most ``timeout`` seconds (less once the server is known
-down: ``wait``): a slow or unreachable server never holds the end of the training longer than that. What could not
-be uploaded stays on disk, and the warning says where.
+The upload runs in a thread and ``fit`` waits for it at most ``timeout`` seconds: a slow or unreachable server
+never holds the end of the training longer than that. What could not be uploaded stays on disk, and the
+warning says where.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +39,8 @@ def save_locally(model: Any, folder: Path, flavour: str) -> Path:
     return target
 
 
-def log_model(
-    model: Any,
-    run_id: str,
-    flavour: str,
-    as_artifacts: bool,
-    timeout: float,
-    wait: Callable[[threading.Thread, float], None] | None = None,
-) -> bool:
-    """Log ``model`` into ``run_id`` (an MLflow model, or artifacts with ``as_artifacts``); True when done.
-    ``wait(thread, deadline)`` waits for the upload's thread (default: ``join`` until the timeout)."""
+def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout: float) -> bool:
+    """Log ``model`` into ``run_id`` (an MLflow model, or artifacts with ``as_artifacts``); True when done."""
     outcome: dict[str, Any] = {}
     folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_")) if as_artifacts else None
 
@@ -70,23 +60,14 @@ def log_model(
 
     thread = threading.Thread(target=upload, name="hvd-mlflow-model", daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout
-    if wait is None:
-        thread.join(timeout)
-    else:
-        wait(thread, deadline)
+    thread.join(timeout)
     if outcome.get("done"):
         kind = "artifacts" if as_artifacts else "MLflow model"
         logger.info("hvd-mlflow: logged the model to run %s (%s)", run_id, kind)
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)  # uploaded: the local copy is not needed any more
         return True
-    if "error" in outcome:
-        why = redact(str(outcome["error"]))[:300]
-    elif time.monotonic() < deadline:
-        why = "the tracking server does not answer"
-    else:
-        why = f"not done within {timeout:.0f} s"
+    why = redact(str(outcome["error"]))[:300] if "error" in outcome else f"not done within {timeout:.0f} s"
     saved = folder / ARTIFACT_PATH if folder is not None else None
     logger.warning(
         "hvd-mlflow: the model was not logged to run %s (%s)%s",

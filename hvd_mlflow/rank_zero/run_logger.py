@@ -8,7 +8,6 @@ artifact, with a warning.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -153,12 +152,12 @@ class RunLogger:
     def wait_for_run_at_end(self, deadline: float) -> str | None:
         return self.sender.wait_for_run_at_end(deadline)
 
-    def wait_for_upload(self, upload: threading.Thread, deadline: float) -> None:
-        self.sender.wait_for_upload(upload, deadline)
+    def address_refuses(self) -> bool:
+        return self.sender.address_refuses()
 
-    @property
-    def server_down(self) -> bool:
-        return self.sender.server_down()
+    def known_down(self) -> bool:
+        """At the end of fit: the server is known down (from now on the end's grace counts)."""
+        return self.sender.known_down()
 
     def record_outcome(self, status: str) -> None:
         """The training's outcome, in the journal: ``sync`` ends a run hvd-mlflow created with it."""

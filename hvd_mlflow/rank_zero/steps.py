@@ -269,7 +269,7 @@ class RankZeroSteps:
         return not destination.is_azureml_job(mlflow.get_tracking_uri())
 
     def _log_model(self, deadline: float, run_logger: RunLogger) -> None:
-        if run_logger.server_down:
+        if run_logger.known_down():
             logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
             return
         # not beyond the moment the server is known down (its address refuses): that ends the whole end of fit soon
@@ -280,8 +280,15 @@ class RankZeroSteps:
         import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
 
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        model_logging.log_model(self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts,
-                                timeout=deadline - time.monotonic(), wait=run_logger.wait_for_upload)  # fmt: skip
+        # A server gone meanwhile (its address refuses, though the sender, idle, has not seen it): MLflow's client would
+        # retry the upload until the deadline. Asked before the upload starts, so that no upload is left half-way.
+        if run_logger.address_refuses():
+            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (its address "
+                           "refuses connections)")  # fmt: skip
+            return
+        model_logging.log_model(
+            self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
+        )
 
     def _record_inexact(self) -> None:
         """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""

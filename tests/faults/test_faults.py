@@ -352,14 +352,15 @@ def test_a_server_gone_for_good_mid_run_ends_the_fit_in_seconds_model_included(t
                 return RESET
         return None
 
-    proxy = Proxy(mlflow_server.url, fault=fault).__enter__()
-    port = proxy.port
-    done = launch.run(tmp_path, ["--epochs", "12", "--epoch-sleep", "0.5"], timeout=400,
-                      env={"HVD_MLFLOW_LOG_MODELS": "1", "MLFLOW_TRACKING_URI": proxy.url,
-                           "MLFLOW_EXPERIMENT_NAME": name})  # fmt: skip
+    with Proxy(mlflow_server.url, fault=fault) as proxy:  # stopped by the fault, again (a no-op) on the way out
+        port = proxy.port
+        done = launch.run(tmp_path, ["--epochs", "12", "--epoch-sleep", "0.5"], timeout=400,
+                          env={"HVD_MLFLOW_LOG_MODELS": "1", "MLFLOW_TRACKING_URI": proxy.url,
+                               "MLFLOW_EXPERIMENT_NAME": name})  # fmt: skip
     ranks = finished_ranks(done)
     fit_lag = ranks[0]["fit_returned_at"] - ranks[1]["fit_returned_at"]
-    assert seen["metric_requests"] >= 1 and "the model was not logged" in done.output, done.output[-3000:]
+    said = "the model was not logged: the tracking server does not answer"  # known down, not a timed-out upload
+    assert seen["metric_requests"] >= 1 and said in done.output, done.output[-3000:]
     assert fit_lag <= DOWN_GRACE_S + 1.5, (fit_lag, ranks[0]["train_end_s"])
     with Proxy(mlflow_server.url, port=port):  # the server is back: the user runs the command the warning gave
         result = sync(tmp_path)

@@ -70,9 +70,10 @@ class Zygote:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
-            text=True,
             start_new_session=True,
         )
+        self._pending = b""  # what was read from the zygote beyond the last whole line
+        self._child: int | None = None
         ready = self._read(timeout=300)
         assert ready == {"ready": True}, ready
 
@@ -83,13 +84,19 @@ class Zygote:
         self.close()
 
     def _read(self, timeout: float) -> dict | None:
+        """The zygote's next line, read off the pipe itself (no buffer of Python's between it and ``select``)."""
         assert self._process.stdout is not None
-        ready, _, _ = select.select([self._process.stdout], [], [], max(0.0, timeout))
-        if not ready:
-            return None
-        line = self._process.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the zygote ended (exit {self._process.wait()})")
+        fd = self._process.stdout.fileno()
+        end = time.monotonic() + max(0.0, timeout)
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the zygote ended (exit {self._process.wait()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
     def run(self, script: Path, cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str]:
@@ -97,18 +104,31 @@ class Zygote:
         assert self._process.stdin is not None
         output = cwd / f"{script.stem}.output"
         request = {"script": str(script), "cwd": str(cwd), "env": env, "output": str(output)}
-        self._process.stdin.write(json.dumps(request) + "\n")
+        self._process.stdin.write((json.dumps(request) + "\n").encode())
         self._process.stdin.flush()
         started = time.monotonic()
-        pid = self._read(timeout=60)["pid"]
-        answer = self._read(timeout=timeout - (time.monotonic() - started))
-        if answer is None:  # hung: end the child's whole session (what it started too); the zygote reaps it
-            os.killpg(pid, signal.SIGKILL)
-            self._read(timeout=30)
-            return -9, f"TIMEOUT after {timeout} s\n{output.read_text(errors='replace')}"
-        return answer["status"], output.read_text(errors="replace")
+        started_child = self._read(timeout=60)
+        assert started_child is not None, "the zygote did not fork"
+        self._child = started_child["pid"]
+        try:
+            answer = self._read(timeout=timeout - (time.monotonic() - started))
+            if answer is None:  # hung: end the child's whole session (what it started too); the zygote reaps it
+                self._kill_child()
+                self._read(timeout=30)
+                return -9, f"TIMEOUT after {timeout} s\n{output.read_text(errors='replace')}"
+            return answer["status"], output.read_text(errors="replace")
+        finally:
+            self._child = None
+
+    def _kill_child(self) -> None:
+        if self._child is not None:
+            try:
+                os.killpg(self._child, signal.SIGKILL)  # the child's own session (os.setsid)
+            except ProcessLookupError:
+                pass
 
     def close(self) -> None:
+        self._kill_child()  # a child still running (the test was stopped in it) is not in the zygote's group
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGKILL)
             self._process.wait()

@@ -169,6 +169,55 @@ def test_the_model_s_wait_for_a_run_ends_when_the_address_refuses_and_the_grace_
     fake.release.set()
 
 
+def test_asking_the_address_knows_a_refusing_server_down_and_a_listening_one_not(tmp_path):
+    """address_refuses (the end of fit asks it before a model upload): a closed port is known down at once, and stays
+    so for close(); a port where something listens is not."""
+    import socket
+
+    from tests.support.mlflow_server import free_port
+
+    for listening in (False, True):
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0 if listening else free_port()))
+        if listening:
+            server.listen()
+        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
+        if not listening:
+            server.close()
+        sender = Sender(LiveJournal(FileJournal.create(tmp_path / str(listening), JournalMeta.new(tracking_uri=uri,
+                        run_id="run-1", resume="log"))), uri, MLFLOW)  # fmt: skip
+        start = time.monotonic()
+        assert sender.address_refuses() is (not listening)
+        assert time.monotonic() - start < 1.0
+        assert sender.server_down() is (not listening)
+        if listening:
+            server.close()
+
+
+def test_known_down_at_the_end_of_fit_stays_down_for_close_whatever_a_new_attempt_does(tmp_path, fake):
+    """The model's step finds the server down (the call in flight has waited UNANSWERED_S); then that call ends and
+    close()'s one new attempt starts a young call that says nothing yet. The grace counts from the first moment it
+    was known down: close() returns DOWN_GRACE_S after it, not at its deadline (seen in the suite: the end of fit 5 s,
+    the grace restarted by the probe's cadence; with this fake's address that never refuses: the whole deadline)."""
+    sender = started_with_one_point(tmp_path)
+    fake.blocked.set()
+    sender.begin()
+    for _ in range(100):
+        if fake.calls:
+            break
+        time.sleep(0.02)
+    assert fake.calls
+    sender._call_since = time.monotonic() - sender_module.UNANSWERED_S - 1  # it has waited that long (white box)
+    assert sender.known_down()
+    known = time.monotonic()
+    sender._call_since = time.monotonic()  # that call ended, a new one began: young, no answer (white box)
+    assert not sender.server_down()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 20) is False
+    took = time.monotonic() - known
+    assert took < sender_module.DOWN_GRACE_S + 0.5, took
+    fake.release.set()
+
+
 def test_nothing_is_imported_or_sent_before_the_first_epoch_ends_then_at_once(tmp_path, fake, monkeypatch):
     """The thread holds MLflow's import and its first request until begin() (the callback's first epoch commit):
     they would take half the training thread's time while Keras traces its functions in the first epoch."""
