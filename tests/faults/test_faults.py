@@ -82,23 +82,30 @@ def test_server_unreachable_from_the_start_then_sync(tmp_path, mlflow_server, cl
     assert_stall("unreachable_then_sync", ranks, counts, syncs=2)
 
 
-def test_server_killed_mid_training_and_restarted(tmp_path, mlflow_server, client):
-    run_id = precreated_run(client)
-    seen = {"metric_requests": 0}
-    proxy: Proxy
+def at_metrics_request(n: int, act) -> tuple:
+    """A fault that calls ``act()`` at the ``n``-th request carrying metrics and cuts that request's connection; and
+    what it saw (``metric_requests``, ``acted``: what ``act`` returned)."""
+    seen: dict = {"metric_requests": 0}
 
     def fault(request: Recorded):
         if request.metrics:
             seen["metric_requests"] += 1
-            if seen["metric_requests"] == 2:
-                seen["outage"] = proxy.outage(4.0)  # down for 4 s, then back on the same port
+            if seen["metric_requests"] == n:
+                seen["acted"] = act()
                 return RESET
         return None
 
+    return fault, seen
+
+
+def test_server_killed_mid_training_and_restarted(tmp_path, mlflow_server, client):
+    run_id = precreated_run(client)
+    proxy: Proxy
+    fault, seen = at_metrics_request(2, lambda: proxy.outage(4.0))  # down for 4 s, then back on the same port
     with Proxy(mlflow_server.url, fault=fault) as proxy:
         done = train(tmp_path, proxy.url, run_id, ["--epochs", "8", "--epoch-sleep", "0.5"])
         ranks = finished_ranks(done)
-    assert "outage" in seen
+    assert "acted" in seen
     counts = check_run(client, run_id, ranks, 8)
     assert_stall("server_killed_and_restarted", ranks, counts, outage_s=4.0)
 
@@ -341,17 +348,9 @@ def test_a_server_gone_for_good_mid_run_ends_the_fit_in_seconds_model_included(t
     creation come first). The end of fit, model upload included, is over DOWN_GRACE_S after the address is known to
     refuse, not flush_timeout later; `sync` with the server back delivers every epoch once."""
     name = f"gone-{uuid.uuid4().hex[:8]}"
-    seen = {"metric_requests": 0}
     proxy: Proxy
-
-    def fault(request: Recorded):
-        if request.metrics:
-            seen["metric_requests"] += 1
-            if seen["metric_requests"] == 1:
-                threading.Thread(target=proxy.stop).start()  # stops listening; never back during the training
-                return RESET
-        return None
-
+    # stops listening (from a thread of its own: the proxy's handler cannot wait for its own shutdown), for good
+    fault, seen = at_metrics_request(1, lambda: threading.Thread(target=proxy.stop).start())
     with Proxy(mlflow_server.url, fault=fault) as proxy:  # stopped by the fault, again (a no-op) on the way out
         port = proxy.port
         done = launch.run(tmp_path, ["--epochs", "12", "--epoch-sleep", "0.5"], timeout=400,
