@@ -154,7 +154,10 @@ class Sender:
         """At the end of fit: the run's id once opened, or ``None`` at ``deadline`` (``time.monotonic()``) or as soon as
         the server is known down (its address is asked meanwhile, as :meth:`close` does)."""
         self._begun.set()
-        opened_or_gone = lambda: self._run_opened.is_set() or not self._thread.is_alive()  # noqa: E731
+
+        def opened_or_gone() -> bool:  # or the sender ended (a permanent refusal): nothing will open it
+            return self._run_opened.is_set() or not self._thread.is_alive()
+
         self._wait_at_end(opened_or_gone, self._run_opened.wait, deadline, grace=0.0)
         return self.run_id
 
