@@ -209,7 +209,10 @@ def test_tracking_host_gone_for_the_whole_run_then_sync_from_node0(bed):
     finally:
         bed.cluster.link("trk", up=True)
     ranks = [job.rank(r) for r in range(4)]
-    assert ranks[0]["train_end_s"] <= flush_timeout + 2.0, ranks[0]["train_end_s"]
+    # hvd-mlflow's end of fit within flush_timeout; Keras' own end around it on four ranks sharing two cores (CI saw
+    # train_end_s 7.14 s once, where it is 5.0 s otherwise) is bounded more loosely
+    ends = {key: ranks[0][key] for key in ("end_fit_s", "train_end_s")}
+    assert ends["end_fit_s"] <= flush_timeout + 0.5 and ends["train_end_s"] <= flush_timeout + 4.0, ends
     assert rank0_stall(ranks) <= STALL_BOUND_S, [r["epoch_end_s"] for r in ranks]
     store = bed.store()
     assert store.get_metric_history(run_id, "loss") == []  # nothing got through
@@ -225,7 +228,7 @@ def test_tracking_host_gone_for_the_whole_run_then_sync_from_node0(bed):
     assert store.get_run(run_id).info.status == "RUNNING"
     again = bed.on_node("node0", [HVD_MLFLOW, "sync"], env)
     assert again.returncode == 0 and steps_of(store, run_id, "loss") == list(range(epochs))  # nothing twice
-    report("multinode-down-whole-run", train_end_s=ranks[0]["train_end_s"], flush_timeout=flush_timeout,
+    report("multinode-down-whole-run", **ends, flush_timeout=flush_timeout,
            rank0_stall_s=rank0_stall(ranks),
            sync=synced.stdout.strip().splitlines()[-1:])  # fmt: skip
 

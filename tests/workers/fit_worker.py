@@ -102,7 +102,10 @@ def spy(args: argparse.Namespace) -> None:
     end_fit = hvd_mlflow.HorovodMlflowCallback._end_fit
 
     def recording_end_fit(self, *args, **kwargs):  # a run opened after the last epoch's collective: known at the end
+        began, first = time.perf_counter(), not self._finished
         result = end_fit(self, *args, **kwargs)
+        if first:  # hvd-mlflow's own end of the fit (train_end_s also holds Keras' and the other callbacks')
+            record["end_fit_s"] = time.perf_counter() - began
         if self.run_id:
             record["run_id"] = self.run_id
         return result
