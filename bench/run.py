@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from tests.support import horovodrun
 from tests.support.environment import clean_environment
 from tests.support.mlflow_server import MlflowServer, free_port
 from tests.support.proxy import Delay, Proxy
@@ -64,9 +65,10 @@ def run_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def launch(script: str, args: list[str], env: dict[str, str], cwd: Path, timeout: float = 600) -> str:
-    command = [str(BIN / "horovodrun"), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+    command = [*horovodrun.command(), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
                str(ROOT / "bench" / script), *args]  # fmt: skip
-    done = subprocess.run(command, env=run_env(env), cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(command, env={**run_env(env), **horovodrun.env()}, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
     if done.returncode != 0:
         raise RuntimeError(f"{script} failed:\n{(done.stdout + done.stderr)[-4000:]}")
     return done.stdout

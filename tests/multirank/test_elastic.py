@@ -20,7 +20,7 @@ import uuid
 import numpy as np
 import pytest
 
-from tests.support import launch
+from tests.support import horovodrun, launch
 from tests.support.checks import journals, report, sync
 from tests.support.proxy import Proxy
 
@@ -51,7 +51,7 @@ def elastic_training(
     discover.write_text(discover_script or "#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
     discover.chmod(0o755)
     command = [
-        str(launch.BIN / "horovodrun"), "-np", str(np), "--min-np", "1", "--max-np", "2",
+        *horovodrun.command(), "-np", str(np), "--min-np", "1", "--max-np", "2",
         "--host-discovery-script", str(discover), "--network-interface", "lo", "--gloo",
         sys.executable, str(WORKER), "--out", str(tmp_path), "--epochs", str(EPOCHS), "--kill-at", str(KILL_AT),
         *extra,
@@ -62,6 +62,7 @@ def elastic_training(
             "MLFLOW_TRACKING_URI": tracking_uri,
             "MLFLOW_EXPERIMENT_NAME": experiment,
             "HOROVOD_ELASTIC_TIMEOUT": "60",
+            **horovodrun.env(),
             **(env or {}),
         }
     )

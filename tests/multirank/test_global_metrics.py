@@ -89,8 +89,9 @@ def precreated_run_job(out_dir, mlflow_server, client, how: str) -> tuple[str, l
     run_id = client.create_run(experiment).info.run_id
     args = ["--epochs", str(EPOCHS)] + (["--explicit-callback"] if how == "explicit-callback" else [])
     csv = {"HVD_MLFLOW_CSV_PATH": "metrics.csv"} if how == "autolog" else {}
-    with Proxy(mlflow_server.url) as proxy:
-        done = launch.run(out_dir, args, env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id, **csv})
+    with Proxy(mlflow_server.url) as proxy:  # autolog's job: the installed horovodrun, the README's own command
+        done = launch.run(out_dir, args, env={"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": run_id, **csv},
+                          installed_horovodrun=how == "autolog")  # fmt: skip
     return run_id, done, proxy
 
 

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support import horovodrun as launcher
 from tests.support.environment import clean_environment
 
 WORKER = Path(__file__).resolve().parent.parent / "workers" / "fit_worker.py"
@@ -52,13 +53,25 @@ def run(
     env: dict[str, str] | None = None,
     timeout: float = 300,
     horovodrun: bool = True,
+    installed_horovodrun: bool = False,
     worker: Path = WORKER,
 ) -> Launch:
-    """Run ``worker`` with ``np`` ranks (``horovodrun=False``: one process, no launcher)."""
+    """Run ``worker`` with ``np`` ranks (``horovodrun=False``: one process, no launcher).
+
+    The ranks are started by Horovod's launcher with the session's answer to how Horovod was built
+    (tests/support/horovodrun.py), or by the installed ``horovodrun`` command as a user runs it
+    (``installed_horovodrun=True``).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(worker), "--out", str(out_dir), *(args or [])]
+    env = dict(env or {})
     if horovodrun:
-        command = [str(BIN / "horovodrun"), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
+        if installed_horovodrun:
+            program = [str(BIN / "horovodrun")]
+        else:
+            program = launcher.command()
+            env.update(launcher.env())
+        command = [*program, "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     start = time.monotonic()
     try:
         done = subprocess.run(command, env=_env(env), cwd=out_dir, capture_output=True, text=True, timeout=timeout)
