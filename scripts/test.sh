@@ -65,6 +65,7 @@ wait "$chromium_setup" || { cat "$side/chromium.log"; exit 1; }
 trap - EXIT
 cat "$side/chromium.log"
 echo "== setup done in $(( $(date +%s) - start )) s"
+durations="  set-up (${#rows[@]} rows): $(( $(date +%s) - start )) s"
 
 "$venv/bin/ruff" check . || exit 1  # every Python file of the repository, bench/ and scripts/ included
 "$venv/bin/ruff" format --check . || exit 1
@@ -78,6 +79,7 @@ run_suite() {  # label python [env...]
   local t0; t0=$(date +%s)
   env "$@" "$python" -m pytest -q -p no:cacheprovider --durations=12 --junitxml="$reports/$label.xml" "${pytest_args[@]}" || status=1
   echo "== $label: $(( $(date +%s) - t0 )) s"
+  durations+=$'\n'"  $label row: $(( $(date +%s) - t0 )) s"
 }
 # Each test runs in one row only, but the flavour-dependent ones (in every row). The fault-injection suite, the browser
 # test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling, the
@@ -99,6 +101,7 @@ echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment w
 t0=$(date +%s)
 "$venv_oldest/bin/python" -m bench.run --quick || status=1
 echo "== benchmarks: $(( $(date +%s) - t0 )) s"
+durations+=$'\n'"  quick benchmarks: $(( $(date +%s) - t0 )) s"
 
 "$venv/bin/python" scripts/junit_summary.py "$reports"
 # Nothing this suite started may outlive it (a server's workers, a rank, a tf.distribute worker): every process it
@@ -115,5 +118,7 @@ if [ -n "${left// /}" ]; then
   for pid in $left; do kill -9 "$pid" 2>/dev/null; done
   status=1
 fi
+echo "== durations"
+echo "$durations"
 echo "== all done in $(( $(date +%s) - start )) s"
 exit $status
