@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support import horovodrun as launcher
+from tests.support import rank_zygote
 from tests.support.environment import clean_environment
 
 WORKER = Path(__file__).resolve().parent.parent / "workers" / "fit_worker.py"
@@ -64,17 +65,20 @@ def run(
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, str(worker), "--out", str(out_dir), *(args or [])]
-    env = dict(env or {})
+    env = _env(env)
     if horovodrun:
         if installed_horovodrun:
             program = [str(BIN / "horovodrun")]
         else:
             program = launcher.command()
             env.update(launcher.env())
+        if rank_zygote.enabled():  # opt-in: each rank forked from an interpreter that imported TensorFlow once
+            env.update(rank_zygote.session().env_for(env, np))
+            command = [*rank_zygote.session().command(), *command[1:]]
         command = [*program, "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     start = time.monotonic()
     try:
-        done = subprocess.run(command, env=_env(env), cwd=out_dir, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, env=env, cwd=out_dir, capture_output=True, text=True, timeout=timeout)
         returncode, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         returncode = -9

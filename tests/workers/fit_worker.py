@@ -106,6 +106,8 @@ def spy(args: argparse.Namespace) -> None:
         result = end_fit(self, *args, **kwargs)
         if first:  # hvd-mlflow's own end of the fit (train_end_s also holds Keras' and the other callbacks')
             record["end_fit_s"] = time.perf_counter() - began
+            if "_train_end_began" in record:  # how long after Keras' train-end callbacks began it began
+                record["end_fit_began_s"] = began - record["_train_end_began"]
         if self.run_id:
             record["run_id"] = self.run_id
         return result

@@ -1,0 +1,285 @@
+"""Horovod ranks forked from interpreters that imported TensorFlow once, instead of importing it in every job.
+
+Opt-in (``HVD_MLFLOW_TEST_RANK_ZYGOTE=1`` in the test session's environment): every multi-rank job of the suite
+imports TensorFlow, Keras and ``horovod.tensorflow`` in each rank (3-5 s of CPU a rank here), which is most of a
+short job. With this on, a job's ranks are still started by Horovod's launcher, one process each, but the process
+the launcher starts is a small client (this file, run as a script, without TensorFlow) that asks a zygote to fork
+the rank: an interpreter that imported those modules and nothing else, nothing initialised. There is one zygote per
+rank index (each with its own ``PYTHONHASHSEED`` draw, so two ranks still iterate a set of names in different
+orders, as two fresh interpreters do) and per set of the environment variables read at TensorFlow's import
+(:data:`IMPORT_TIME`: a job that sets another ``TF_USE_LEGACY_KERAS`` gets zygotes of its own).
+
+What the rank is, as in a fresh process: its own pid and session, the client's working directory, environment,
+stdin/stdout/stderr (passed over the socket), ``sys.argv``, ``__main__``, NumPy's global generator seeded anew, a
+normal interpreter exit (threads joined, ``atexit`` hooks run), and its exit code or signal, which the client
+exits with. A signal the launcher sends the client (horovodrun ends a job with SIGTERM, then SIGKILL) goes to the
+rank's session; a client that dies (SIGKILL) takes the rank with it. Anything the client cannot hand over (no
+zygote for its rank, a script that is not a ``.py`` file, an environment whose import-time variables differ from
+the zygote's) runs as a plain ``python`` process instead (``os.execv``), as without this module.
+
+    zygotes = RankZygotes()
+    env = {**job_env, **zygotes.env_for(job_env, np=2)}
+    command = [*horovodrun, "-np", "2", *zygotes.command(), "worker.py", "--out", "out"]
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ENABLE_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTE"  # "1" in the test session: ranks are forked from zygotes
+FOLDER_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTES"  # in a job's environment: the folder of its zygotes' sockets
+IMPORT_TIME = ("TF_", "KERAS_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_", "PYTHON", "LD_")
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+HERE = Path(__file__).resolve()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENABLE_ENV) == "1"
+
+
+def import_time_key(env: dict[str, str]) -> str:
+    """The environment variables a process reads at TensorFlow's import (a zygote serves only the same ones)."""
+    return json.dumps(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+
+
+# -- the test session's side: one zygote per (rank index, import-time environment) -------------------------------
+
+
+class RankZygotes:
+    """The zygotes of one test session; ended with it (``atexit``), each with its whole process group."""
+
+    def __init__(self) -> None:
+        self._root = Path(tempfile.mkdtemp(prefix="hvd-mlflow-rank-zygotes-"))
+        self._folders: dict[str, Path] = {}
+        self._processes: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    def command(self) -> list[str]:
+        """What the launcher runs instead of ``python``: the client (followed by the script and its arguments)."""
+        return [sys.executable, str(HERE)]
+
+    def env_for(self, env: dict[str, str], np: int) -> dict[str, str]:
+        """The variables a job with this environment and ``np`` ranks adds, its zygotes started if need be."""
+        key = import_time_key(env)
+        with self._lock:
+            folder = self._folders.setdefault(key, self._root / f"env-{len(self._folders)}")
+            folder.mkdir(exist_ok=True)
+            missing = [r for r in range(np) if not (folder / f"rank-{r}.sock").exists()]
+            started = [self._start(folder / f"rank-{r}.sock", env) for r in missing]  # each its own hash seed
+            for process in started:  # side by side: their imports overlap
+                ready = process.stdout.readline() if process.stdout else b""
+                if not ready.startswith(b"ready"):
+                    raise RuntimeError(f"a rank zygote did not start (exit {process.wait()})")
+        return {FOLDER_ENV: str(folder)}
+
+    def _start(self, path: Path, env: dict[str, str]) -> subprocess.Popen:
+        from tests.support.zygote import PRELOAD  # the modules the docs' zygote imports: the same here
+
+        env = {k: v for k, v in env.items() if k != FOLDER_ENV}
+        process = subprocess.Popen([sys.executable, str(HERE), "--serve", str(path), *PRELOAD], env=env,
+                                   cwd=self._root, stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        self._processes.append(process)
+        return process
+
+    def close(self) -> None:
+        for process in self._processes:
+            if process.poll() is None:
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)  # the zygote and the managers it forked
+                except ProcessLookupError:
+                    pass
+                process.wait()
+        self._processes.clear()
+
+
+_session: RankZygotes | None = None
+
+
+def session() -> RankZygotes:
+    """This test session's zygotes (made at first use)."""
+    global _session
+    if _session is None:
+        _session = RankZygotes()
+    return _session
+
+
+# -- the wire: a length-prefixed JSON message, the client's three standard streams beside the first one -----------
+
+
+def _send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+    data = json.dumps(message).encode()
+    payload = struct.pack("!I", len(data)) + data
+    if fds:
+        socket.send_fds(sock, [payload], fds)
+    else:
+        sock.sendall(payload)
+
+
+def _receive(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[int]]:
+    data, fds = b"", []
+    if with_fds:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, with_fds)
+    while len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]:
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            return None, fds
+        data += chunk
+    return json.loads(data[4 : 4 + struct.unpack("!I", data[:4])[0]]), fds
+
+
+# -- the zygote: imports once, then forks a manager per client, which forks the rank and reports how it ended -----
+
+
+def serve(path: Path, preload: list[str]) -> None:
+    import importlib
+
+    for name in preload:
+        importlib.import_module(name)
+    import numpy as np
+    import tensorflow as tf
+
+    tf.keras.Model  # noqa: B018 - the Keras flavour (TF_USE_LEGACY_KERAS) resolved once, as at a script's first use
+    own_key = import_time_key(dict(os.environ))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # managers are reaped by the kernel
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if os.fork() == 0:  # the manager of this client's rank
+            listener.close()
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            try:
+                rank = _manage(conn, own_key)
+            except BaseException:  # noqa: BLE001 - the client sees its connection end and ends its rank
+                os._exit(1)
+            if rank is None:  # the manager's work is done
+                os._exit(0)
+            # the rank: its script runs at the bottom of this stack, so that its SystemExit is the interpreter's exit
+            _become_the_rank(*rank, np.random)
+        conn.close()
+
+
+def _manage(conn: socket.socket, own_key: str) -> tuple[dict, list[int]] | None:
+    """Fork the client's rank and report how it ended; in the forked rank, return its request and streams."""
+    request, fds = _receive(conn, with_fds=3)
+    if request is None or len(fds) != 3:
+        return None
+    if import_time_key(request["env"]) != own_key:
+        _send(conn, {"mismatch": True})
+        return None
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        return request, fds
+    for fd in fds:
+        os.close(fd)
+    _send(conn, {"pid": pid})
+    watched = os.pidfd_open(pid)
+    while True:
+        ready, _, _ = select.select([conn, watched], [], [])
+        if watched in ready:
+            _, status = os.waitpid(pid, 0)
+            _send(conn, {"status": os.waitstatus_to_exitcode(status)})
+            return None
+        if not conn.recv(1):  # the client is gone (killed): the rank and what it started go with it
+            _kill_session(pid)
+            os.waitpid(pid, 0)
+            return None
+
+
+def _become_the_rank(request: dict, fds: list[int], numpy_random) -> None:
+    import runpy
+    import traceback
+
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    numpy_random.seed()  # NumPy's global generator drawn anew, as in a fresh process (Python's random is, at fork)
+    script = os.path.abspath(request["argv"][0])
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(script)
+    code: object = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exit_:
+        code = exit_.code
+    except BaseException:  # noqa: BLE001 - a script's uncaught error: its traceback and exit 1, as python does
+        traceback.print_exc()
+        code = 1
+    sys.exit(code)  # the interpreter's own exit: threads joined, atexit hooks, flushed streams
+
+
+def _kill_session(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pid, sig)  # the rank's own session (os.setsid): its group's id is its pid
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# -- the client: what the launcher starts for each rank ----------------------------------------------------------
+
+
+def client(argv: list[str]) -> int:
+    folder, rank = os.environ.get(FOLDER_ENV), os.environ.get("HOROVOD_RANK")
+    path = Path(folder) / f"rank-{rank}.sock" if folder and rank is not None else None
+    if path is None or not path.exists() or not argv or not argv[0].endswith(".py"):
+        _plain(argv)
+    env = {k: v for k, v in os.environ.items() if k != FOLDER_ENV}
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(str(path))
+    _send(conn, {"argv": argv, "cwd": os.getcwd(), "env": env}, fds=[0, 1, 2])
+    started, _ = _receive(conn)
+    if started is None or "pid" not in started:
+        conn.close()
+        _plain(argv)  # this zygote cannot serve this environment: a plain process
+    pid = started["pid"]
+    for sig in FORWARDED:  # what the launcher sends this process goes to the rank's session
+        signal.signal(sig, lambda sig, _frame: _kill_session(pid, sig))
+    ended, _ = _receive(conn)
+    if ended is None:  # the manager is gone: nothing would report the rank's end any more
+        _kill_session(pid)
+        return 1
+    status = ended["status"]
+    if status < 0:  # ended by a signal: end the same way, so that the launcher sees what it would have seen
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    return status
+
+
+def _plain(argv: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != FOLDER_ENV}
+    os.execve(sys.executable, [sys.executable, *argv], env)
+
+
+if __name__ == "__main__":
+    # sys.path[0] is the script's folder, this file's: not a place to import from (its modules' names are not the
+    # packages' names). A zygote holds its own empty working folder there until a rank's script takes the place.
+    if sys.argv[1:2] == ["--serve"]:
+        sys.path[0] = os.getcwd()
+        serve(Path(sys.argv[2]), sys.argv[3:])
+    else:
+        sys.path.pop(0)  # the client imports the standard library only
+        sys.exit(client(sys.argv[1:]))
