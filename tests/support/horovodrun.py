@@ -53,8 +53,7 @@ def command() -> list[str]:
 
 
 def _main() -> int:
-    # this file's folder is not a place to import from (its modules' names are not the packages' names)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+    sys.path.pop(0)  # this file's folder: not a place to import from (its modules' names are not the packages')
     if BUILT_ENV not in os.environ:
         print(f"{__file__}: {BUILT_ENV} is not set (tests.support.horovodrun.env() gives it)", file=sys.stderr)
         return 2

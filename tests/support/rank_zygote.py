@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 ENABLE_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTE"  # "1" in the test session: ranks are forked from zygotes
 FOLDER_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTES"  # in a job's environment: the folder of its zygotes' sockets
@@ -46,6 +47,11 @@ HERE = Path(__file__).resolve()
 
 def enabled() -> bool:
     return os.environ.get(ENABLE_ENV) == "1"
+
+
+def _own(env: dict[str, str]) -> dict[str, str]:
+    """A process's environment without the zygotes' folder (what neither a zygote nor a rank should inherit)."""
+    return {k: v for k, v in env.items() if k != FOLDER_ENV}
 
 
 def import_time_key(env: dict[str, str]) -> str:
@@ -87,7 +93,7 @@ class RankZygotes:
     def _start(self, path: Path, env: dict[str, str]) -> subprocess.Popen:
         from tests.support.zygote import PRELOAD  # the modules the docs' zygote imports: the same here
 
-        env = {k: v for k, v in env.items() if k != FOLDER_ENV}
+        env = _own(env)
         process = subprocess.Popen([sys.executable, str(HERE), "--serve", str(path), *PRELOAD], env=env,
                                    cwd=self._root, stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
         self._processes.append(process)
@@ -246,7 +252,7 @@ def client(argv: list[str]) -> int:
     path = Path(folder) / f"rank-{rank}.sock" if folder and rank is not None else None
     if path is None or not path.exists() or not argv or not argv[0].endswith(".py"):
         _plain(argv)
-    env = {k: v for k, v in os.environ.items() if k != FOLDER_ENV}
+    env = _own(dict(os.environ))
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(path))
     _send(conn, {"argv": argv, "cwd": os.getcwd(), "env": env}, fds=[0, 1, 2])
@@ -269,9 +275,8 @@ def client(argv: list[str]) -> int:
     return status
 
 
-def _plain(argv: list[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if k != FOLDER_ENV}
-    os.execve(sys.executable, [sys.executable, *argv], env)
+def _plain(argv: list[str]) -> NoReturn:
+    os.execve(sys.executable, [sys.executable, *argv], _own(dict(os.environ)))
 
 
 if __name__ == "__main__":
