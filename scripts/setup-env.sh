@@ -28,7 +28,7 @@ python=${PYTHON:-$(setting python)}; python=${python:-python3.11}
 controllers=$(setting controllers)
 case "$matrix" in tf2.16) controllers=${controllers:-mpi-gloo} ;; *) controllers=${controllers:-gloo} ;; esac
 extras=$(setting extras); extras=${extras:-test,azureml}
-log() { echo "[setup-env $matrix] $*" >&2; }
+log() { echo "[setup-env $matrix +${SECONDS}s] $*" >&2; }  # seconds since this row's set-up began
 # pyenv's shim refuses a version that is not pyenv's global one: then take the interpreter from pyenv's versions.
 if ! "$python" -c '' 2>/dev/null; then
   for candidate in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"${python#python}".*/bin/"$python"; do
@@ -93,16 +93,27 @@ elif ! ls "$cache"/horovod-"$hvd"-*.whl >/dev/null 2>&1; then
   )
   mkdir -p "$cache"
   mv "$tmp"/horovod-*.whl "$cache"/
+  log "built horovod $hvd"
   rm -rf "$tmp"
 fi
 [ "$controllers" = none ] || pip install -c "$constraints" --find-links "$cache" --only-binary horovod "horovod==$hvd"
 
 log "installing hvd-mlflow (editable) with the extras $extras"
-# one editable install of this tree at a time (scripts/test.sh sets the rows up side by side; each writes the
-# tree's egg-info)
+# Its requirements and the extras' (setup.cfg's) first, beside the other rows' (scripts/test.sh sets them up side
+# by side); then the editable install itself, one at a time (each writes the tree's egg-info).
+mapfile -t requirements < <("$venv/bin/python" - "$root/setup.cfg" "$extras" <<'EOF'
+import configparser, sys
+cfg = configparser.ConfigParser()
+cfg.read(sys.argv[1])
+wanted = [cfg["options"]["install_requires"]] + [cfg["options.extras_require"][e] for e in sys.argv[2].split(",") if e]
+print("\n".join(line.strip() for block in wanted for line in block.splitlines() if line.strip()))
+EOF
+)
+pip install -c "$constraints" "${requirements[@]}"
 flock "${TMPDIR:-/tmp}/hvd-mlflow-editable.lock" "$venv/bin/python" -m pip --disable-pip-version-check -q install \
-  -c "$constraints" -e "$root[$extras]"
+  --no-deps -c "$constraints" -e "$root"
 
 "$venv/bin/python" "$root/scripts/check_environment.py" "$controllers"
+log "set up: $venv"
 echo "$want" > "$stamp"
 echo "$venv"

@@ -86,13 +86,19 @@ run_suite() {  # label python [env...]
 # command line) check what neither the Keras flavour nor the MLflow version changes: they run once, in the newest
 # row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin path) run
 # where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in the
-# AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest).
+# AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest). The oldest row
+# shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked "oldest" (exact values, Horovod's
+# own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic with TF 2.15's own tf.keras) and the
+# plugin path with its old azureml-mlflow; its unit and single-process tests all (MLflow 2.12's client and server).
+# The Horovod rows fork each rank of a test's job from an interpreter that imported TensorFlow once
+# (tests/support/rank_zygote.py): without it, every rank of each of a row's ~150 jobs imports TensorFlow anew.
+zygotes=(HVD_MLFLOW_TEST_RANK_ZYGOTE=1)
 pytest_args=(-m "not multinode and not mpirun and not azureml and not tfdistribute" "$@")
-run_suite newest "$venv_newest/bin/python" TF_USE_LEGACY_KERAS=0
+run_suite newest "$venv_newest/bin/python" TF_USE_LEGACY_KERAS=0 "${zygotes[@]}"
 pytest_args=(-m "not tfdistribute and (multinode or mpirun or azureml or not (faults or browser or docs or once))" "$@")
-run_suite azureml "$venv/bin/python" TF_USE_LEGACY_KERAS=1
-pytest_args=(-m "not tfdistribute and (mpirun or not (faults or browser or docs or once or multinode))" "$@")
-run_suite oldest "$venv_oldest/bin/python" TF_USE_LEGACY_KERAS=0
+run_suite azureml "$venv/bin/python" TF_USE_LEGACY_KERAS=1 "${zygotes[@]}"
+pytest_args=(-m "not tfdistribute and (mpirun or not (faults or browser or docs or once or multinode)) and (oldest or azureml or mpirun or not multirank)" "$@")
+run_suite oldest "$venv_oldest/bin/python" TF_USE_LEGACY_KERAS=0 "${zygotes[@]}"
 # The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).
 pytest_args=(-m "tfdistribute" "$@")
 run_suite tfdistribute "$venv_tfd/bin/python" TF_USE_LEGACY_KERAS=1

@@ -14,6 +14,13 @@ os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it o
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) runs beside the first tests, not before a job."""
+    from tests.support.launch import prestart_rank_zygotes
+
+    prestart_rank_zygotes()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real ``mlflow server`` on 127.0.0.1 (sqlite backend), started once per session."""

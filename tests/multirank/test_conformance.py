@@ -17,7 +17,7 @@ import pytest
 from tests.support import launch
 from tests.support.checks import report
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.multirank, pytest.mark.oldest, pytest.mark.timeout(900)]
 
 WORKER = launch.WORKER.parent / "conformance_worker.py"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reductions.md"

@@ -24,7 +24,7 @@ from tests.support import horovodrun, launch
 from tests.support.checks import journals, report, sync
 from tests.support.proxy import Proxy
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.oldest, pytest.mark.timeout(600)]
 
 EPOCHS, KILL_AT = 8, 2
 EVERY, BATCHES_PER_EPOCH = 2, 6  # batch values logged every 2 steps; 96 samples per rank in batches of 16

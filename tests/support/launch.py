@@ -46,6 +46,12 @@ def _env(extra: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+def prestart_rank_zygotes() -> None:
+    """Start the rank zygotes of a usual job's environment now, if they are on (the session's start calls this)."""
+    if rank_zygote.enabled():
+        rank_zygote.session().prestart(_env(None))
+
+
 def run(
     out_dir: Path,
     args: list[str] | None = None,
@@ -75,6 +81,10 @@ def run(
         if rank_zygote.enabled():  # opt-in: each rank forked from an interpreter that imported TensorFlow once
             env.update(rank_zygote.session().env_for(env, np))
             command = [*rank_zygote.session().command(), *command[1:]]
+            if np > rank_zygote.RankZygotes.RANKS:
+                # the forked ranks reach Gloo's rendezvous at once and wait there for the plain ones' imports: 8
+                # ranks' imports on 2 cores took over the usual 60 s in CI (ranks 0 and 1 gave up waiting for rank 2)
+                env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(int(env["HOROVOD_GLOO_TIMEOUT_SECONDS"]), 30 * np))
         command = [*program, "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
     start = time.monotonic()
     try:

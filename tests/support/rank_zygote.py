@@ -5,9 +5,9 @@ imports TensorFlow, Keras and ``horovod.tensorflow`` in each rank (3-5 s of CPU 
 short job. With this on, a job's ranks are still started by Horovod's launcher, one process each, but the process
 the launcher starts is a small client (this file, run as a script, without TensorFlow) that asks a zygote to fork
 the rank: an interpreter that imported those modules and nothing else, nothing initialised. There is one zygote per
-rank index (each with its own ``PYTHONHASHSEED`` draw, so two ranks still iterate a set of names in different
-orders, as two fresh interpreters do) and per set of the environment variables read at TensorFlow's import
-(:data:`IMPORT_TIME`: a job that sets another ``TF_USE_LEGACY_KERAS`` gets zygotes of its own).
+rank index below :attr:`RankZygotes.RANKS` (each with its own ``PYTHONHASHSEED`` draw, so two ranks still iterate a
+set of names in different orders, as two fresh interpreters do) and per set of the environment variables read at
+TensorFlow's import (:data:`IMPORT_TIME`: a job that sets another ``TF_USE_LEGACY_KERAS`` gets zygotes of its own).
 
 What the rank is, as in a fresh process: its own pid and session, the client's working directory, environment,
 stdin/stdout/stderr (passed over the socket), ``sys.argv``, ``__main__``, NumPy's global generator seeded anew, a
@@ -63,12 +63,21 @@ def import_time_key(env: dict[str, str]) -> str:
 
 
 class RankZygotes:
-    """The zygotes of one test session; ended with it (``atexit``), each with its whole process group."""
+    """The zygotes of one test session; ended with it (``atexit``), each with its whole process group.
+
+    Zygotes serve ranks 0 and 1 (:attr:`RANKS`), what nearly every job of the suite has: a rank beyond them (the
+    8-rank golden case) runs as a plain process, which costs that job nothing more than without zygotes, where
+    zygotes of its own would cost it their start. :meth:`prestart` starts the usual environment's zygotes at the
+    session's start, so that their import overlaps the first tests instead of delaying the first job.
+    """
+
+    RANKS = 2
 
     def __init__(self) -> None:
         self._root = Path(tempfile.mkdtemp(prefix="hvd-mlflow-rank-zygotes-"))
         self._folders: dict[str, Path] = {}
         self._processes: list[subprocess.Popen] = []
+        self._starting: dict[Path, subprocess.Popen] = {}  # started, their "ready" not read yet
         self._lock = threading.Lock()
         atexit.register(self.close)
 
@@ -76,19 +85,30 @@ class RankZygotes:
         """What the launcher runs instead of ``python``: the client (followed by the script and its arguments)."""
         return [sys.executable, str(HERE)]
 
+    def prestart(self, env: dict[str, str]) -> None:
+        """Start the zygotes of this environment's ranks without waiting for them (the first job waits, if need be)."""
+        with self._lock:
+            self._start_missing(env, self.RANKS)
+
     def env_for(self, env: dict[str, str], np: int) -> dict[str, str]:
         """The variables a job with this environment and ``np`` ranks adds, its zygotes started if need be."""
-        key = import_time_key(env)
         with self._lock:
-            folder = self._folders.setdefault(key, self._root / f"env-{len(self._folders)}")
-            folder.mkdir(exist_ok=True)
-            missing = [r for r in range(np) if not (folder / f"rank-{r}.sock").exists()]
-            started = [self._start(folder / f"rank-{r}.sock", env) for r in missing]  # each its own hash seed
-            for process in started:  # side by side: their imports overlap
+            folder = self._start_missing(env, min(np, self.RANKS))
+            for path in [path for path in self._starting if path.parent == folder]:  # side by side: imports overlap
+                process = self._starting.pop(path)
                 ready = process.stdout.readline() if process.stdout else b""
                 if not ready.startswith(b"ready"):
                     raise RuntimeError(f"a rank zygote did not start (exit {process.wait()})")
         return {FOLDER_ENV: str(folder)}
+
+    def _start_missing(self, env: dict[str, str], ranks: int) -> Path:
+        key = import_time_key(env)
+        folder = self._folders.setdefault(key, self._root / f"env-{len(self._folders)}")
+        folder.mkdir(exist_ok=True)
+        for path in (folder / f"rank-{r}.sock" for r in range(ranks)):
+            if not path.exists() and path not in self._starting:
+                self._starting[path] = self._start(path, env)  # each its own hash seed
+        return folder
 
     def _start(self, path: Path, env: dict[str, str]) -> subprocess.Popen:
         from tests.support.zygote import PRELOAD  # the modules the docs' zygote imports: the same here

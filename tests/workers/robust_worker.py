@@ -6,7 +6,8 @@ Scenarios (each rank writes ``rank<R>.json`` in ``--out``):
 
 * ``faults``: one baseline fit without hvd-mlflow, then one fit per rank-0-only step of hvd-mlflow, each with
   that step made to raise on rank 0 (:data:`INJECTIONS`). Every fit starts from the same weights and data, so its
-  final weights must equal the baseline's. Records, per fit: seconds, final weights, rank 0's hvd-mlflow warnings.
+  final weights must equal the baseline's. Records, per fit: seconds, final weights, rank 0's hvd-mlflow warnings;
+  a fit more than ``--again-after`` seconds slower than the baseline on rank 0 runs once more (``again_seconds``).
 * ``resume-recipe``: Horovod's resume recipe: rank 0 alone restores its optimizer's iteration count (and weights),
   the other ranks start fresh, and the state is broadcast from rank 0 at the end of the first batch (Horovod's
   ``BroadcastGlobalVariablesCallback`` where it works, else the project's own broadcast).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import sqlite3
@@ -129,25 +131,39 @@ def faults(args: argparse.Namespace, record: Record) -> None:
     xv, yv = data(rank, 48, seed=10)
     record["fits"] = {}
     os.environ["HVD_MLFLOW_TESTING"] = "0"  # the guards degrade here, as for users
-    for name in ["baseline", *INJECTIONS]:
+
+    def fit(name: str, tag: str) -> tuple[float, keras.callbacks.History, keras.Model]:
         if name == "baseline":
             hvd_mlflow.autolog(disable=True)
         else:
-            hvd_mlflow.autolog(extra_tags={"test.fault": name}, log_models=name == "model logging",
+            hvd_mlflow.autolog(extra_tags={"test.fault": tag}, log_models=name == "model logging",
                                csv_path=str(args.out / f"csv-{rank}.csv") if name == "CSV file" else None)  # fmt: skip
         model = small_model()
         capture.messages.clear()
-        hvd.allreduce(np.zeros(1), name=f"sync.{name}")  # every fit starts together
+        # the earlier fits' garbage collected now, not inside this fit: freeing a TensorFlow graph can hold rank 0
+        # for seconds (a 2.7 s gen-2 collection seen in the CSV fault's fit, and fits up to 17 s over the baseline)
+        gc.collect()
+        hvd.allreduce(np.zeros(1), name=f"sync.{tag}")  # every fit starts together
         start = time.perf_counter()
         with injected(name, rank):
             history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), verbose=0)
+        return time.perf_counter() - start, history, model
+
+    for name in ["baseline", *INJECTIONS]:
+        seconds, history, model = fit(name, name)
         record["fits"][name] = {
-            "seconds": time.perf_counter() - start,
+            "seconds": seconds,
             "weights": weights(model),
             "warnings": list(capture.messages),
             "history": {k: [float(v) for v in vs] for k, vs in history.history.items()},
             "local": record["local"][-1],
         }
+        # A fit slower than the baseline by more than --again-after on rank 0 runs once more (rank 0 decides, every
+        # rank follows): a wait hvd-mlflow adds comes back, a stall of a loaded machine does not.
+        if name != "baseline":
+            slow = seconds - record["fits"]["baseline"]["seconds"] > args.again_after
+            if float(np.asarray(hvd.broadcast(np.array([float(slow)]), root_rank=0, name=f"again.{name}"))[0]):
+                record["fits"][name]["again_seconds"] = fit(name, f"{name} (again)")[0]
         record.save()
 
 
@@ -263,6 +279,7 @@ def main() -> None:
     parser.add_argument("--broadcast", choices=["horovod", "own"], default="own")
     parser.add_argument("--rank1-uri", default="")
     parser.add_argument("--run-id", default="")
+    parser.add_argument("--again-after", type=float, default=float("inf"))  # faults: seconds over the baseline
     args = parser.parse_args()
     hvd.init()
     logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
