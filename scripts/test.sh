@@ -17,9 +17,10 @@ if [ "${1:-}" = "--quick" ]; then
   venv=$(scripts/setup-env.sh tf2.16 | tail -n 1) || exit 1
   "$venv/bin/ruff" check . && "$venv/bin/ruff" format --check . || exit 1
   # the packaging test builds a venv and installs into it (minutes): the full suite runs it
-  TF_CPP_MIN_LOG_LEVEL=2 TF_USE_LEGACY_KERAS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider --durations=5 \
-    tests/unit tests/single_process --ignore=tests/single_process/test_packaging.py "$@"
-  status=$?
+  quick() { TF_CPP_MIN_LOG_LEVEL=2 TF_USE_LEGACY_KERAS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
+    --durations=5 tests/unit tests/single_process --ignore=tests/single_process/test_packaging.py "$@"; }
+  quick -n 2 --dist worksteal -m "not alone" "$@"; status=$?  # two at a time, then those marked "alone"
+  quick -m alone "$@"; code=$?; [ "$code" = 0 ] || [ "$code" = 5 ] || status=$code
   echo "== quick (AzureML row: unit and single-process tests): $(( $(date +%s) - t0 )) s"
   exit $status
 fi
@@ -73,35 +74,47 @@ durations="  set-up (${#rows[@]} rows): $(( $(date +%s) - start )) s"
 export TF_CPP_MIN_LOG_LEVEL=2
 reports=$(mktemp -d)
 status=0
-run_suite() {  # label python [env...]
-  local label=$1 python=$2; shift 2
+user_args=("$@")
+run_phase() {  # report markers [pytest args...] (the row's python and environment: row_python, row_env)
+  local report=$1 markers=$2; shift 2
+  env "${row_env[@]}" "$row_python" -m pytest -q -p no:cacheprovider --durations=12 --junitxml="$reports/$report.xml" \
+    -m "$markers" "$@" "${user_args[@]}"
+  local code=$?
+  [ "$code" = 0 ] || [ "$code" = 5 ] || status=1  # 5: no test of this phase in this row
+}
+run_suite() {  # label python markers [VAR=value...]
+  # Two phases: the tests that may share the machine two at a time (pytest-xdist: most of them wait on a process,
+  # a server or a browser as much as they compute), then those marked "alone", one at a time (tests/conftest.py:
+  # Horovod ranks, tf.distribute workers, mpirun, the fault injection, and what bounds a duration).
+  local label=$1 row=$3 t0; row_python=$2; shift 3; row_env=("$@")
   echo "== pytest: $label"
-  local t0; t0=$(date +%s)
-  env "$@" "$python" -m pytest -q -p no:cacheprovider --durations=12 --junitxml="$reports/$label.xml" "${pytest_args[@]}" || status=1
+  t0=$(date +%s)
+  run_phase "$label-shared" "($row) and not alone" -n 2 --dist worksteal
+  run_phase "$label-alone" "($row) and alone"
   echo "== $label: $(( $(date +%s) - t0 )) s"
   durations+=$'\n'"  $label row: $(( $(date +%s) - t0 )) s"
 }
 # Each test runs in one row only, but the flavour-dependent ones (in every row). The fault-injection suite, the browser
 # test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling, the
-# command line) check what neither the Keras flavour nor the MLflow version changes: they run once, in the newest
-# row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin path) run
-# where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in the
-# AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest). The oldest row
-# shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked "oldest" (exact values, Horovod's
-# own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic with TF 2.15's own tf.keras) and the
-# plugin path with its old azureml-mlflow; its unit and single-process tests all (MLflow 2.12's client and server).
-# The Horovod rows fork each rank of a test's job from an interpreter that imported TensorFlow once
-# (tests/support/rank_zygote.py): without it, every rank of each of a row's ~150 jobs imports TensorFlow anew.
-zygotes=(HVD_MLFLOW_TEST_RANK_ZYGOTE=1)
-pytest_args=(-m "not multinode and not mpirun and not azureml and not tfdistribute" "$@")
-run_suite newest "$venv_newest/bin/python" TF_USE_LEGACY_KERAS=0 "${zygotes[@]}"
-pytest_args=(-m "not tfdistribute and (multinode or mpirun or azureml or not (faults or browser or docs or once))" "$@")
-run_suite azureml "$venv/bin/python" TF_USE_LEGACY_KERAS=1 "${zygotes[@]}"
-pytest_args=(-m "not tfdistribute and (mpirun or not (faults or browser or docs or once or multinode)) and (oldest or azureml or mpirun or not multirank)" "$@")
-run_suite oldest "$venv_oldest/bin/python" TF_USE_LEGACY_KERAS=0 "${zygotes[@]}"
+# command line, the sender) check what neither the Keras flavour nor the MLflow version changes: they run once, in the
+# newest row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin
+# path) run where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in
+# the AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest). The oldest
+# row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked "oldest" (exact values,
+# Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic with TF 2.15's own
+# tf.keras) and the plugin path with its old azureml-mlflow; its unit and single-process tests all (MLflow 2.12's
+# client and server). The Horovod rows fork each rank of a test's job from an interpreter that imported TensorFlow
+# once (tests/support/rank_zygote.py): without it, every rank of each of a row's jobs imports TensorFlow anew.
+zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
+run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute" \
+  TF_USE_LEGACY_KERAS=0 "$zygotes"
+run_suite azureml "$venv/bin/python" \
+  "not tfdistribute and (multinode or mpirun or azureml or not (faults or browser or docs or once))" \
+  TF_USE_LEGACY_KERAS=1 "$zygotes"
+run_suite oldest "$venv_oldest/bin/python" "not tfdistribute and (mpirun or not (faults or browser or docs or once or \
+multinode)) and (oldest or azureml or mpirun or not multirank)" TF_USE_LEGACY_KERAS=0 "$zygotes"
 # The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).
-pytest_args=(-m "tfdistribute" "$@")
-run_suite tfdistribute "$venv_tfd/bin/python" TF_USE_LEGACY_KERAS=1
+run_suite tfdistribute "$venv_tfd/bin/python" "tfdistribute" TF_USE_LEGACY_KERAS=1
 
 echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)

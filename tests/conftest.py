@@ -14,11 +14,25 @@ os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it o
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) runs beside the first tests, not before a job."""
+# Tests that launch several processes which train (Horovod ranks, tf.distribute workers, mpirun over nodes) or that
+# bound how long something takes: each runs with no other test beside it (scripts/test.sh runs the others two at a
+# time, pytest-xdist). Such a test carries one of these markers, or "alone" itself.
+ALONE = ("multirank", "faults", "multinode", "mpirun", "tfdistribute", "alone")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ALONE) and not item.get_closest_marker("alone"):
+            item.add_marker(pytest.mark.alone)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) starts beside the first tests, if a test of this
+    session launches Horovod ranks; a session without multi-rank tests starts none."""
     from tests.support.launch import prestart_rank_zygotes
 
-    prestart_rank_zygotes()
+    if any(item.get_closest_marker("multirank") for item in session.items):
+        prestart_rank_zygotes()
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,9 @@ from hvd_mlflow.delivery.limits import MLFLOW
 from hvd_mlflow.delivery.reachability import refuses
 from hvd_mlflow.delivery.sender import Backoff, Sender
 
+# waits bounded to fractions of a second (alone); a fake client: no Keras, no MLflow version in it (once)
+pytestmark = [pytest.mark.alone, pytest.mark.once]
+
 
 class FakeClient:
     """Answers log_batch after ``delay`` seconds (or never, while ``blocked`` is set); records every call."""
