@@ -103,8 +103,9 @@ run_suite() {  # label python markers [VAR=value...]
 # row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked "oldest" (exact values,
 # Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic with TF 2.15's own
 # tf.keras) and the plugin path with its old azureml-mlflow; its unit and single-process tests all (MLflow 2.12's
-# client and server). The Horovod rows fork each rank of a test's job from an interpreter that imported TensorFlow
-# once (tests/support/rank_zygote.py): without it, every rank of each of a row's jobs imports TensorFlow anew.
+# client and server). Every row forks each rank of a test's job (a Horovod rank, a tf.distribute worker on this host)
+# from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without it, every rank of each of
+# a row's jobs imports TensorFlow anew.
 zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
 run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute" \
   TF_USE_LEGACY_KERAS=0 "$zygotes"

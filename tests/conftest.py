@@ -28,10 +28,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) starts beside the first tests, if a test of this
-    session launches Horovod ranks; a session without multi-rank tests starts none."""
+    session launches Horovod ranks or tf.distribute workers; a session without such tests starts none."""
     from tests.support.launch import prestart_rank_zygotes
 
-    if any(item.get_closest_marker("multirank") for item in session.items):
+    if any(item.get_closest_marker(name) for item in session.items for name in ("multirank", "tfdistribute")):
         prestart_rank_zygotes()
 
 

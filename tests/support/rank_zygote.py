@@ -1,10 +1,13 @@
-"""Horovod ranks forked from interpreters that imported TensorFlow once, instead of importing it in every job.
+"""Horovod ranks and tf.distribute workers forked from interpreters that imported TensorFlow once, instead of
+importing it in every job.
 
 Opt-in (``HVD_MLFLOW_TEST_RANK_ZYGOTE=1`` in the test session's environment): every multi-rank job of the suite
 imports TensorFlow, Keras and ``horovod.tensorflow`` in each rank (3-5 s of CPU a rank here), which is most of a
-short job. With this on, a job's ranks are still started by Horovod's launcher, one process each, but the process
-the launcher starts is a small client (this file, run as a script, without TensorFlow) that asks a zygote to fork
-the rank: an interpreter that imported those modules and nothing else, nothing initialised. There is one zygote per
+short job. With this on, a job's ranks are still started by Horovod's launcher (tf.distribute's workers by
+tests/support/tf_workers.py), one process each, but the process the launcher starts is a small client (this file,
+run as a script, without TensorFlow) that asks a zygote to fork the rank: an interpreter that imported those modules
+(those installed: no Horovod in the tf.distribute row) and nothing else, nothing initialised. A rank is Horovod's
+``HOROVOD_RANK``, or a tf.distribute task's place in ``TF_CONFIG`` (the chief first). There is one zygote per
 rank index below :attr:`RankZygotes.RANKS` (each with its own ``PYTHONHASHSEED`` draw, so two ranks still iterate a
 set of names in different orders, as two fresh interpreters do) and per set of the environment variables read at
 TensorFlow's import (:data:`IMPORT_TIME`: a job that sets another ``TF_USE_LEGACY_KERAS`` gets zygotes of its own).
@@ -41,6 +44,7 @@ from typing import NoReturn
 ENABLE_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTE"  # "1" in the test session: ranks are forked from zygotes
 FOLDER_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTES"  # in a job's environment: the folder of its zygotes' sockets
 IMPORT_TIME = ("TF_", "KERAS_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_", "PYTHON", "LD_")
+NOT_IMPORT_TIME = ("TF_CONFIG",)  # read when a strategy is made, not at the import: one zygote serves every task
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 HERE = Path(__file__).resolve()
 
@@ -56,7 +60,7 @@ def _own(env: dict[str, str]) -> dict[str, str]:
 
 def import_time_key(env: dict[str, str]) -> str:
     """The environment variables a process reads at TensorFlow's import (a zygote serves only the same ones)."""
-    return json.dumps(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+    return json.dumps(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in NOT_IMPORT_TIME))
 
 
 # -- the test session's side: one zygote per (rank index, import-time environment) -------------------------------
@@ -170,9 +174,11 @@ def _receive(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
 
 def serve(path: Path, preload: list[str]) -> None:
     import importlib
+    import importlib.util
 
     for name in preload:
-        importlib.import_module(name)
+        if importlib.util.find_spec(name.split(".")[0]) is not None:  # horovod: not in the tf.distribute row
+            importlib.import_module(name)
     import numpy as np
     import tensorflow as tf
 
@@ -267,8 +273,23 @@ def _kill_session(pid: int, sig: int = signal.SIGKILL) -> None:
 # -- the client: what the launcher starts for each rank ----------------------------------------------------------
 
 
+def rank_of(env: dict[str, str]) -> int | None:
+    """The process's rank: Horovod's, or a tf.distribute task's place in its cluster (the chief first)."""
+    if "HOROVOD_RANK" in env:
+        return int(env["HOROVOD_RANK"])
+    if "TF_CONFIG" in env:
+        config = json.loads(env["TF_CONFIG"])
+        task = config.get("task", {})
+        chiefs = len(config.get("cluster", {}).get("chief", []))
+        if task.get("type") == "chief":
+            return int(task.get("index", 0))
+        if task.get("type") == "worker":
+            return chiefs + int(task.get("index", 0))
+    return None
+
+
 def client(argv: list[str]) -> int:
-    folder, rank = os.environ.get(FOLDER_ENV), os.environ.get("HOROVOD_RANK")
+    folder, rank = os.environ.get(FOLDER_ENV), rank_of(dict(os.environ))
     path = Path(folder) / f"rank-{rank}.sock" if folder and rank is not None else None
     if path is None or not path.exists() or not argv or not argv[0].endswith(".py"):
         _plain(argv)

@@ -1,8 +1,11 @@
 """Start tf.distribute workers as AzureML's ``distribution: type: tensorflow`` jobs do: one plain process per worker,
 each with its own ``TF_CONFIG`` (the cluster on free 127.0.0.1 ports, or the nodes' addresses), no launcher.
 
-Every worker runs in a process group of its own, with an outer timeout; whatever happens, every group is ended
-before :func:`run` returns (a worker left behind would hold its ports and, with them, the next test's cluster).
+With the rank zygotes on (``HVD_MLFLOW_TEST_RANK_ZYGOTE=1``, tests/support/rank_zygote.py), each worker on this host
+is forked from an interpreter that imported TensorFlow once; a worker started in a node's namespaces (``prefix``)
+is always a plain process of that node. Every worker runs in a process group of its own, with an outer timeout;
+whatever happens, every group is ended before :func:`run` returns (a worker left behind would hold its ports and,
+with them, the next test's cluster).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from tests.support import rank_zygote
 from tests.support.launch import Launch, _env
 from tests.support.mlflow_server import free_port
 
@@ -62,12 +66,16 @@ def run(
     spec = spec or cluster(workers, chief)
     started: list[subprocess.Popen] = []
     logs = [out_dir / f"worker{rank}.log" for rank in range(len(tasks(spec)))]
+    python = [sys.executable]
     start = time.monotonic()
     try:
         for rank, task in enumerate(tasks(spec)):
             environment = _env({**(env or {}), **(per_worker_env(rank) if per_worker_env else {})})
+            if rank_zygote.enabled() and prefix is None:
+                environment.update(rank_zygote.session().env_for(environment, len(tasks(spec))))
+                python = rank_zygote.session().command()
             environment["TF_CONFIG"] = tf_config(spec, task)
-            command = [*(prefix(rank) if prefix else []), sys.executable, str(worker), "--out", str(out_dir), *args]
+            command = [*(prefix(rank) if prefix else []), *python, str(worker), "--out", str(out_dir), *args]
             with open(logs[rank], "w") as log:
                 started.append(subprocess.Popen(command, env=environment, cwd=out_dir, stdout=log,
                                                 stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
