@@ -80,7 +80,7 @@ if [ "$controllers" = mpi-gloo ] && ! command -v mpicxx >/dev/null; then
 fi
 # Horovod's compile (CPU) runs beside the install of hvd-mlflow's requirements (network and disk): it needs only
 # TensorFlow, and the constraints keep every package it imports at the version already installed.
-kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null; }
+source "$root/scripts/lib/kill_tree.sh"
 build_horovod() {
   log "building horovod $hvd ($controllers) against tensorflow $tf (no cached wheel in $cache); this takes minutes"
   if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then

@@ -39,7 +39,7 @@ for matrix in "${rows[@]}"; do
   setup_pid[$matrix]=$!
 done
 # a row that fails ends the suite: the others' set-ups end with it, their pip and compilers too (not left writing)
-kill_tree() { local child; for child in $(pgrep -P "$1"); do kill_tree "$child"; done; kill "$1" 2>/dev/null; }
+source "$root/scripts/lib/kill_tree.sh"
 trap 'for pid in "${setup_pid[@]}"; do kill_tree "$pid"; done' EXIT
 (
   # The browser check (tests/browser) drives Debian's chromium through Playwright (no browser download).
