@@ -87,10 +87,11 @@ build_horovod() {
     apt_install "compiling horovod (the system's cmake 3.x, not the PyPI 4.x wheel)" cmake g++
   fi
   local tmp; tmp=$(mktemp -d)
-  # Horovod's setup.py configures CMake's RelWithDebInfo (-O3 -g): the same -O3 without the debug information
-  # compiles faster and makes a smaller wheel (through Horovod's HOROVOD_CMAKE, a cmake that adds two settings).
+  # Horovod's setup.py configures CMake's RelWithDebInfo (optimised, with -g): -O1 code without the debug
+  # information compiles faster and makes a smaller wheel (through Horovod's HOROVOD_CMAKE, a cmake that adds two
+  # settings). The oldest row's wheel: 100 s at -O1, 130 s at -O2 without -g, 167 s as Horovod configures it.
   printf '#!/bin/sh\n[ "$1" = --build ] && exec cmake "$@"\nexec cmake "$@" %s %s\n' \
-    "'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG'" "'-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG'" \
+    "'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG'" "'-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG'" \
     >"$tmp/cmake_without_debug_info"
   chmod +x "$tmp/cmake_without_debug_info"
   (

@@ -16,13 +16,18 @@ ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).reso
 
 # Tests that launch several processes which train (Horovod ranks, tf.distribute workers, mpirun over nodes) or that
 # bound how long something takes: each runs with no other test beside it (scripts/test.sh runs the others two at a
-# time, pytest-xdist). Such a test carries one of these markers, or "alone" itself.
+# time, pytest-xdist). Such a test carries one of these markers, or "alone" itself. A multi-rank test marked "shared"
+# bounds no duration and shares no module-scoped job with other tests: it may run beside another test.
 ALONE = ("multirank", "faults", "multinode", "mpirun", "tfdistribute", "alone")
+SHARED_MAY_LEAVE = ("multirank",)  # of ALONE, what "shared" lifts (never a duration bound, a fault, a node)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if any(item.get_closest_marker(name) for name in ALONE) and not item.get_closest_marker("alone"):
+        if item.get_closest_marker("alone"):
+            continue
+        markers = {name for name in ALONE if item.get_closest_marker(name)}
+        if markers and not (item.get_closest_marker("shared") and markers <= set(SHARED_MAY_LEAVE)):
             item.add_marker(pytest.mark.alone)
 
 

@@ -12,7 +12,7 @@ from tests.support.azureml_front import AzureMLFront
 from tests.support.checks import FAST_RETRIES, check_run, report
 from tests.support.proxy import Delay, Respond
 
-pytestmark = [pytest.mark.multirank, pytest.mark.azureml, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.azureml, pytest.mark.timeout(600)]
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 

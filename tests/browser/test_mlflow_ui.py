@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ARTIFACTS
 from tests.support import launch
 
-pytestmark = [pytest.mark.multirank, pytest.mark.browser, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.browser, pytest.mark.timeout(600)]
 
 EPOCHS = 5
 CLOSED_NETWORK = [

@@ -6,7 +6,7 @@ import pytest
 
 from tests.support import launch
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.timeout(600)]
 
 
 def keras_stop_epoch(values: list[float], patience: int = 1, min_delta: float = 1e-3) -> int | None:

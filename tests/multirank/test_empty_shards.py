@@ -11,7 +11,7 @@ import pytest
 from tests.support import launch
 from tests.support.checks import report
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.timeout(400)]
 
 WORKER = launch.WORKER.parent / "user_script_worker.py"
 PARTS = ("validation", "training")

@@ -17,7 +17,7 @@ import pytest
 from tests.docs.test_code_blocks import ROOT, blocks
 from tests.support import launch
 
-pytestmark = [pytest.mark.multirank, pytest.mark.oldest, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.oldest, pytest.mark.timeout(600)]
 
 GUIDE = ROOT / "docs" / "migrating.md"
 EPOCHS, WARMUP_EPOCHS, INITIAL_LR, SIZE = 5, 3, 0.1, 2  # the warm-up's initial_lr: the rate it ends at

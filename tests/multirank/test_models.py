@@ -10,7 +10,7 @@ import pytest
 from hvd_mlflow.common import compat
 from tests.support import launch
 
-pytestmark = [pytest.mark.multirank, pytest.mark.oldest, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.oldest, pytest.mark.timeout(600)]
 
 
 def test_model_logged_by_default_as_an_mlflow_model(tmp_path, mlflow_server, client):

@@ -11,7 +11,7 @@ from tests.support import launch
 from tests.support.checks import report
 from tests.support.proxy import Proxy
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.timeout(600)]
 
 WORKER = launch.WORKER.parent / "user_script_worker.py"
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.support import launch
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.timeout(600)]
 EPOCHS = 2
 KEYS = ("loss", "accuracy", "auc", "precision", "recall")
 

@@ -16,7 +16,8 @@ import pytest
 from tests.support import launch
 from tests.support.checks import report
 
-pytestmark = [pytest.mark.multirank, pytest.mark.once, pytest.mark.timeout(900)]  # the uploader's resume rule
+# the uploader's resume rule
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.once, pytest.mark.timeout(900)]
 
 
 def test_restarted_job_and_second_fit_log_each_epoch_once(tmp_path, mlflow_server, client):

@@ -11,7 +11,7 @@ import pytest
 from tests.support import launch
 from tests.support.checks import report
 
-pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.timeout(600)]
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 4, 6, 4  # 96 samples / batch 16 per rank
 
