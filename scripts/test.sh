@@ -85,7 +85,8 @@ run_phase() {  # report markers [pytest args...] (the row's python and environme
 run_suite() {  # label python markers [VAR=value...]
   # Two phases: the tests that may share the machine two at a time (pytest-xdist: most of them wait on a process,
   # a server or a browser as much as they compute), then those marked "alone", one at a time (tests/conftest.py:
-  # Horovod ranks, tf.distribute workers, mpirun, the fault injection, and what bounds a duration).
+  # Horovod ranks but for the multi-rank tests marked "shared", tf.distribute workers, mpirun, the fault injection,
+  # and what bounds a duration).
   local label=$1 row=$3 t0; row_python=$2; shift 3; row_env=("$@")
   echo "== pytest: $label"
   t0=$(date +%s)
