@@ -19,15 +19,14 @@ ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).reso
 # time, pytest-xdist). Such a test carries one of these markers, or "alone" itself. A multi-rank test marked "shared"
 # bounds no duration and shares no module-scoped job with other tests: it may run beside another test.
 ALONE = ("multirank", "faults", "multinode", "mpirun", "tfdistribute", "alone")
-SHARED_MAY_LEAVE = ("multirank",)  # of ALONE, what "shared" lifts (never a duration bound, a fault, a node)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("alone"):
-            continue
-        markers = {name for name in ALONE if item.get_closest_marker(name)}
-        if markers and not (item.get_closest_marker("shared") and markers <= set(SHARED_MAY_LEAVE)):
+        reasons = {name for name in ALONE if item.get_closest_marker(name)}
+        if item.get_closest_marker("shared"):
+            reasons.discard("multirank")  # "shared" lifts this one only: never a duration bound, a fault, a node
+        if reasons and not item.get_closest_marker("alone"):
             item.add_marker(pytest.mark.alone)
 
 
