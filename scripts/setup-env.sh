@@ -63,7 +63,8 @@ pyver=$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])
 [ -n "$hvd" ] || controllers=none
 case "$controllers" in mpi-gloo) mpi_flag=HOROVOD_WITH_MPI=1 ;; gloo) mpi_flag=HOROVOD_WITHOUT_MPI=1 ;; none) ;;
   *) echo "unknown controllers '$controllers' in $constraints (mpi-gloo, gloo or none)" >&2; exit 2 ;; esac
-cache="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}/horovod-$hvd/py$pyver-tf$tf-$controllers"
+cache_root="${HVD_MLFLOW_CACHE:-$HOME/.cache/hvd-mlflow}"
+cache="$cache_root/horovod-$hvd/py$pyver-tf$tf-$controllers"
 apt_install() {  # what [package...]: Debian packages when root, else say what is missing
   local what=$1; shift
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -83,22 +84,38 @@ fi
 source "$root/scripts/lib/kill_tree.sh"
 build_horovod() {
   log "building horovod $hvd ($controllers) against tensorflow $tf (no cached wheel in $cache); this takes minutes"
-  if ! command -v cmake >/dev/null || ! command -v g++ >/dev/null; then
-    apt_install "compiling horovod (the system's cmake 3.x, not the PyPI 4.x wheel)" cmake g++
-  fi
+  local tools=(cmake g++) tool missing=()
+  [ "$(id -u)" = 0 ] && tools+=(ccache)  # not root: compiled without the compiler cache
+  for tool in "${tools[@]}"; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  [ ${#missing[@]} = 0 ] || apt_install "compiling horovod (the system's cmake 3.x, not the PyPI 4.x wheel)" "${missing[@]}"
   local tmp; tmp=$(mktemp -d)
   # Horovod's setup.py configures CMake's RelWithDebInfo (optimised, with -g): -O1 code without the debug
-  # information compiles faster and makes a smaller wheel (through Horovod's HOROVOD_CMAKE, a cmake that adds two
+  # information compiles faster and makes a smaller wheel (through Horovod's HOROVOD_CMAKE, a cmake that adds
   # settings). The oldest row's wheel: 100 s at -O1, 130 s at -O2 without -g, 167 s as Horovod configures it.
-  printf '#!/bin/sh\n[ "$1" = --build ] && exec cmake "$@"\nexec cmake "$@" %s %s\n' \
-    "'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG'" "'-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG'" \
-    >"$tmp/cmake_without_debug_info"
+  local settings="'-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG' '-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -DNDEBUG'"
+  # Most of Horovod's objects (Gloo, twice, and its common code) depend on neither TensorFlow nor Python: through
+  # ccache, the rows' compiles share them. scripts/test.sh sets the rows up side by side: the first compile runs
+  # alone and fills the compiler cache, the others then run side by side (each compiles its few TensorFlow objects).
+  # Measured: after one row's compile, another's took 79 s instead of ~105 s (17 of 108 objects compiled).
+  local ccache_dir="$cache_root/ccache"
+  command -v ccache >/dev/null && settings+=" -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache"
+  # Building, only what TensorFlow's extension links: with TensorFlow's C++17 ABI, its own copy of Gloo, not the
+  # plain one (for PyTorch and MXNet, which are left out): 37 of 101 objects, 25 of 140 s of compiling.
+  printf '#!/bin/sh\nif [ "$1" = --build ]; then dir=$2; shift 2; exec cmake --build "$dir" --target tensorflow "$@"; fi
+exec cmake "$@" %s\n' "$settings" >"$tmp/cmake_without_debug_info"
   chmod +x "$tmp/cmake_without_debug_info"
+  mkdir -p "$ccache_dir"
   (
     export CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 "$mpi_flag" \
-      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 HOROVOD_CMAKE="$tmp/cmake_without_debug_info"
-    pip wheel -c "$constraints" --no-build-isolation --no-deps --no-cache-dir "horovod==$hvd" -w "$tmp"
-  ) || return 1
+      HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS=-j2 HOROVOD_CMAKE="$tmp/cmake_without_debug_info" \
+      CCACHE_DIR="$ccache_dir" CCACHE_BASEDIR="${TMPDIR:-/tmp}"  # pip builds in a new temporary folder
+    if command -v ccache >/dev/null; then
+      flock 9  # the first compile holds the lock until it is done; a failed one leaves the filling to the next
+      [ -e "$ccache_dir/.filled" ] && flock -u 9
+    fi
+    pip wheel -c "$constraints" --no-build-isolation --no-deps --no-cache-dir "horovod==$hvd" -w "$tmp" 9>&- &&
+      touch "$ccache_dir/.filled"
+  ) 9>"$ccache_dir/.lock" || return 1
   mkdir -p "$cache"
   mv "$tmp"/horovod-*.whl "$cache"/
   log "built horovod $hvd"

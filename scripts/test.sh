@@ -82,7 +82,8 @@ run_phase() {  # report markers [pytest args...] (the row's python and environme
   local code=$?
   [ "$code" = 0 ] || [ "$code" = 5 ] || status=1  # 5: no test of this phase in this row
 }
-run_suite() {  # label python markers [VAR=value...]
+phases="shared alone"
+run_suite() {  # label python markers [VAR=value...] (phases=alone: the row has no test for the shared phase)
   # Two phases: the tests that may share the machine two at a time (pytest-xdist: most of them wait on a process,
   # a server or a browser as much as they compute), then those marked "alone", one at a time (tests/conftest.py:
   # Horovod ranks but for the multi-rank tests marked "shared", tf.distribute workers, mpirun, the fault injection,
@@ -90,7 +91,7 @@ run_suite() {  # label python markers [VAR=value...]
   local label=$1 row=$3 t0; row_python=$2; shift 3; row_env=("$@")
   echo "== pytest: $label"
   t0=$(date +%s)
-  run_phase "$label-shared" "($row) and not alone" -n 2 --dist worksteal
+  [ "$phases" = alone ] || run_phase "$label-shared" "($row) and not alone" -n 2 --dist worksteal
   run_phase "$label-alone" "($row) and alone"
   echo "== $label: $(( $(date +%s) - t0 )) s"
   durations+=$'\n'"  $label row: $(( $(date +%s) - t0 )) s"
@@ -116,7 +117,9 @@ run_suite azureml "$venv/bin/python" \
 run_suite oldest "$venv_oldest/bin/python" "not tfdistribute and (mpirun or not (faults or browser or docs or once or \
 multinode)) and (oldest or azureml or mpirun or not multirank)" TF_USE_LEGACY_KERAS=0 "$zygotes"
 # The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).
-run_suite tfdistribute "$venv_tfd/bin/python" "tfdistribute" TF_USE_LEGACY_KERAS=1
+# tests/conftest.py makes every test marked "tfdistribute" run alone (workers): no shared phase, whose collection
+# alone costs ~17 s.
+phases=alone run_suite tfdistribute "$venv_tfd/bin/python" "tfdistribute" TF_USE_LEGACY_KERAS=1
 
 echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)
