@@ -139,7 +139,9 @@ wanted = [cfg["options"]["install_requires"]] + [cfg["options.extras_require"][e
 print("\n".join(line.strip() for block in wanted for line in block.splitlines() if line.strip()))
 EOF
 )
-pip install -c "$constraints" "${requirements[@]}"
+# at a lower priority: a Horovod compile (this row's or another's) is the longest step of the set-up, the
+# requirements' installs (unpacking, byte-compiling) take the CPU it leaves
+nice -n 10 "$venv/bin/python" -m pip --disable-pip-version-check -q install -c "$constraints" "${requirements[@]}"
 if [ -n "$build" ]; then
   wait "$build" || { log "building horovod $hvd failed"; exit 1; }
   trap - EXIT
