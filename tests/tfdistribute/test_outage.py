@@ -28,7 +28,11 @@ def test_a_server_down_for_the_whole_run_costs_the_chief_seconds_and_sync_delive
                           timeout=400).check()  # fmt: skip
     ranks = [done.rank(0)["scenarios"]["classification"], done.rank(1)["scenarios"]["classification"]]
     chief_later_s = ranks[0]["fit_returned_at"] - ranks[1]["fit_returned_at"]
-    assert chief_later_s < DOWN_GRACE_S + 2.0, chief_later_s  # not 6 s + 3 s, not flush_timeout (60 s)
+    end_fit_s = [r["end_fit_s"] for r in ranks]  # hvd-mlflow's own end of fit, timed inside each worker
+    # the chief waits the sender's grace once (the address refuses connections: known at once), not 6 s + 3 s, not
+    # flush_timeout (60 s); worker 1 keeps nothing and never waits. The fits' return times differ by more than that:
+    # TF's own end of fit (after Keras' train-end callbacks) took 0-12 s more on the chief under a busy CPU, measured
+    assert end_fit_s[0] < DOWN_GRACE_S + 0.5 and end_fit_s[1] < 0.5, end_fit_s
     assert "hvd-mlflow sync" in done.output and "(the server does not answer)" in done.output, done.output[-3000:]
     [journal] = journals(tmp_path)  # the chief's, on its disk; worker 1 keeps none
     with Proxy(mlflow_server.url, port=port):  # the server is back at the same address: the command the warning gave
@@ -43,4 +47,5 @@ def test_a_server_down_for_the_whole_run_costs_the_chief_seconds_and_sync_delive
     assert run.info.status == "FINISHED" and run.data.tags["hvd_mlflow.engine"] == "tf.distribute"
     assert journals(tmp_path) == []
     report("tfd_server_down_whole_run", chief_fit_later_s=round(chief_later_s, 2), seconds=round(done.seconds, 1),
-           fit_s=[round(r["fit_s"], 2) for r in ranks])  # fmt: skip
+           fit_s=[round(r["fit_s"], 2) for r in ranks], end_fit_s=[round(s, 2) for s in end_fit_s],
+           train_end_later_s=round(ranks[0]["train_end_began_at"] - ranks[1]["train_end_began_at"], 2))  # fmt: skip

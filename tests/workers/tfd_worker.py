@@ -169,6 +169,7 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
         mlflow.log_param("user_param", "from every worker")
         mlflow.log_metric("user_metric", 10.0 + rank)
     started = time.monotonic()
+    _TIMES.clear()
     try:
         history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
                             validation_steps=VAL_STEPS, verbose=0, callbacks=callbacks, **fit_kwargs)  # fmt: skip
@@ -177,6 +178,7 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
         record.save()
         raise
     out["fit_returned_at"] = time.time()
+    out.update(_TIMES)
     callback = _hvd_callback()
     if callback is not None:
         out["run_id"] = callback.run_id
@@ -226,6 +228,7 @@ def _evaluate(model, parts) -> dict:
 
 
 _CALLBACKS: list = []
+_TIMES: dict = {}  # this fit's: when Keras' train-end callbacks began, how long hvd-mlflow's end of fit took
 
 
 def _hvd_callback():
@@ -237,6 +240,7 @@ def spy_batch_logs(record: Record) -> None:
     """Keras' own batch logs on this worker (before any callback), one dict per fit: batch index -> logs."""
     callback_list = keras.callbacks.CallbackList
     original_begin, original_end = callback_list.on_train_begin, callback_list.on_train_batch_end
+    original_train_end = callback_list.on_train_end
 
     def on_train_begin(self, logs=None):
         record.setdefault("batches", []).append({})
@@ -247,8 +251,30 @@ def spy_batch_logs(record: Record) -> None:
         record["batches"][-1][str(batch)] = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
         return original_end(self, batch, logs)
 
+    def on_train_end(self, logs=None):  # Keras' last epoch is over on this worker (wall clock)
+        _TIMES["train_end_began_at"] = time.time()
+        return original_train_end(self, logs)
+
     callback_list.on_train_begin = on_train_begin
     callback_list.on_train_batch_end = on_train_batch_end
+    callback_list.on_train_end = on_train_end
+
+
+def spy_end_fit() -> None:
+    """How long hvd-mlflow's own end of the fit took on this worker (the rest of ``fit``'s end is Keras' and TF's)."""
+    import hvd_mlflow
+
+    end_fit = hvd_mlflow.HorovodMlflowCallback._end_fit
+
+    def recording_end_fit(self, *args, **kwargs):
+        began, first = time.perf_counter(), not self._finished
+        try:
+            return end_fit(self, *args, **kwargs)
+        finally:
+            if first:
+                _TIMES["end_fit_s"] = time.perf_counter() - began
+
+    hvd_mlflow.HorovodMlflowCallback._end_fit = recording_end_fit
 
 
 def main() -> None:
@@ -274,6 +300,7 @@ def main() -> None:
     record.update(pid=os.getpid(), task=[resolver.task_type, resolver.task_id], tf=tf.__version__)
     spy_local_logs(record)
     spy_batch_logs(record)
+    spy_end_fit()
     for name in args.scenarios.split(","):
         run_scenario(name, strategy, rank, record, args)
     record["finished"] = True
