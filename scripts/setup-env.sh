@@ -12,7 +12,8 @@
 # tf2.16, else gloo; test,azureml). A row without a horovod pin has no Horovod (controllers=none).
 # Horovod 0.28.1 is source-only: it is compiled against the venv's TensorFlow, and the wheel is cached
 # outside the clone, keyed by Python and TensorFlow versions ($HVD_MLFLOW_CACHE, default
-# ~/.cache/hvd-mlflow), and controllers. With an empty cache it is built from source (3-5 minutes on 2 cores).
+# ~/.cache/hvd-mlflow), and controllers. With an empty cache it is built from source (2-5 minutes on 2 cores),
+# through a compiler cache kept beside the wheels ($HVD_MLFLOW_CACHE/ccache) that the rows' compiles share.
 # The primary environment (tf2.16, AzureML's) builds it with MPI and Gloo, as AzureML's images do
 # (examples/azureml/environment/Dockerfile): Open MPI's mpirun is how AzureML starts every rank. Open MPI comes
 # from Debian (openmpi-bin, libopenmpi-dev) when root. The other environments stay Gloo-only.
