@@ -46,6 +46,7 @@ from .every_rank.aggregate import Part, Reduced, Reducer, numeric_entries, write
 from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
 from .every_rank.epoch_exchange import EpochExchange
 from .every_rank.fit_plan import Proposal
+from .every_rank.later_fits import Offsets
 from .every_rank.names import NameMap
 from .every_rank.system_metrics import SystemSampler
 from .rank_zero.guard import RankZeroGuard
@@ -145,6 +146,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._owns_run = False
         self._hosts: tuple[str, ...] = ()  # every rank's host (agreed at train begin), tagged with the params
         self._step = 0
+        self._offsets = Offsets()  # a later fit into a run this process logged into moves on (agreed)
+        self._first_epoch: int | None = None  # Keras' first epoch of this fit (initial_epoch)
         self._epoch_start = time.perf_counter()
         self._run_agreed = True  # every rank knows the run (or never will): nothing rides for it
         self._carried_run_id: str | None = None  # rank 0: the run id it carried in the last epoch collective
@@ -171,9 +174,9 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._finished = False
         self._stop_sampler()  # a sampler of a fit that raised (without autolog) must not run on
         self._begin_fit_state()
-        first_step, every = 0, self.options.log_every_n_steps
+        first_step, every, logged = 0, self.options.log_every_n_steps, None
         if self._comm.rank == 0:
-            first_step, every = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
+            first_step, every, logged = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
         params, kept = self._proposed_params()  # elastic: the run's params, so that any later rank 0 has them
         proposal = Proposal(
             self.run_id,
@@ -185,11 +188,13 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             self._empty_here(),
             params=params,
             params_kept=kept,
+            logged=logged,
         )
         plan = fit_plan.agree(self._comm, proposal)
         self.run_id = plan.run_id
         self._run_agreed = plan.run_id is not None  # else rank 0 carries it in the epoch collectives
         self._hosts = plan.hosts
+        self._offsets = Offsets.after(plan.logged, plan.first_step)
         if self._elastic is not None:
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
             self._elastic.agreed_params(plan.params, run_params.hosts_tag(plan.hosts))
@@ -220,7 +225,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             return
         part = Part(numeric_entries(logs or {}), tuple(self._batch_states()),
                     not_additive=frozenset(self._not_additive_keys()))  # fmt: skip
-        if not self._pending.add(step, int(time.time() * 1000), part):
+        if not self._pending.add(self._offsets.batch(step), int(time.time() * 1000), part):
             return  # kept (this rank's own values stay in logs): reduced with the next collective
         kept = self._pending.take()
         results = self._reducer.reduce_all([part for _, _, part in kept], tag="batch")  # one collective
@@ -247,7 +252,11 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._train_state, self._validating = None, False
         self._epoch_start = time.perf_counter()
         self._clock.epoch_begins()
-        self._step = self._elastic.step(epoch) if self._elastic else epoch
+        self._first_epoch = epoch if self._first_epoch is None else self._first_epoch
+        self._step = self._elastic.step(epoch) if self._elastic else self._offsets.epoch(epoch, self._first_epoch)
+        if self._logging and self._offsets.later_fit and epoch == self._first_epoch:
+            with self._rank0.step("tagging where this fit starts"):
+                self._tag_fit_start()
         if self._logging and not self._params_logged:
             with self._rank0.step("params"):  # under elastic the agreed ones (any later rank 0 logs them again)
                 self._log_params(epoch)
@@ -294,6 +303,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if self._logging:
             with self._rank0.step("journaling the epoch", essential=True):  # one synced transaction
                 self._run_logger.log_metrics_many([*batch_points, (self._step, timestamp_ms, logged)])
+                self._remember_steps()
                 self._run_logger.sender.begin()  # Keras' tracing is over: MLflow's import and the run may start
             if self._csv_logger is not None:
                 with self._rank0.step("the CSV file"):
@@ -314,6 +324,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._stop_sampler()
         if self._logging:
             self._finish_logging(status, error)  # each of its parts inside the rank-0 guard
+            with self._rank0.step("remembering this fit's steps"):  # the run's id may be known only now
+                self._remember_steps()
 
     def _after_reset(self) -> None:
         """``fit`` was cut by an elastic reset and will run again: stop sending at once, leave the run open."""

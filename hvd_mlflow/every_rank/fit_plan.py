@@ -3,12 +3,13 @@
 Rule 2 of this code base: every decision that changes which collectives a rank calls is the same on every rank by
 construction. At train begin each rank brings a :class:`Proposal`: rank 0 the run (which it alone resolved), the
 global step it starts from (its optimizer's iteration count: with Horovod's resume recipe only rank 0 has
-restored it yet) and the batch-logging interval (raised to keep within the server's rows per metric), every rank
-the options that shape the collectives. One ``allgather_object`` gives every rank every proposal, so every rank
-takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and every rank sees whether the
-ranks' options differ, or whether any rank's training or validation shard is empty, and raises the same error if
-so (never a hang, never one rank alone). The batch clock follows from the agreed plan and the compile arguments,
-which every rank has alike.
+restored it yet), the steps its process logged into the run in earlier fits (a later fit starts after them:
+:mod:`hvd_mlflow.every_rank.later_fits`) and the batch-logging interval (raised to keep within the server's rows
+per metric), every rank the options that shape the collectives. One ``allgather_object`` gives every rank every
+proposal, so every rank takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and
+every rank sees whether the ranks' options differ, or whether any rank's training or validation shard is empty,
+and raises the same error if so (never a hang, never one rank alone). The batch clock follows from the agreed plan
+and the compile arguments, which every rank has alike.
 
 A run rank 0's sender creates is not waited for at train begin (MLflow is imported and the run made once the first
 epoch has ended: :mod:`hvd_mlflow.delivery.sender`): its id rides in the epoch collectives, as numbers
@@ -28,6 +29,7 @@ from ..errors import EmptyShardError, OptionsMismatchError
 from . import keras_flavour
 from .batch_steps import BatchClock
 from .collectives import Collectives
+from .later_fits import Logged
 from .shards import message as empty_shards_message
 
 
@@ -43,6 +45,7 @@ class Proposal:
     # elastic: the run's params, kept from the training's first fit (``params_kept``), else rank 0's own now
     params: Mapping[str, str] | None = None
     params_kept: bool = False
+    logged: Logged | None = None  # rank 0: what this process logged into the run before (a later fit moves on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,7 @@ class Plan:
     log_every_n_steps: int = 0
     hosts: tuple[str, ...] = ()  # every rank's host, in rank order
     params: Mapping[str, str] | None = None  # elastic: the run's params (the first kept in rank order, else rank 0's)
+    logged: Logged | None = None  # rank 0's: what its process logged into the run before (every_rank/later_fits.py)
 
 
 def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
@@ -104,6 +108,7 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
         leader.log_every_n_steps,
         tuple(p.host for p in proposals),
         kept[0] if kept else leader.params,
+        leader.logged,
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from .._log import logger, warn_once
 from ..common.redact import redact
 from ..delivery import destination, folder_artifacts, journal
-from ..every_rank import keras_flavour, metric_state, run_params
+from ..every_rank import keras_flavour, later_fits, metric_state, run_params
 from . import exit_hook, model_logging
 from .run_logger import RunLogger
 
@@ -36,9 +36,10 @@ class RankZeroSteps:
     model: Any
     options: Any
 
-    def _rank0_train_begin(self, every: int) -> tuple[int, int]:
-        """Rank 0 at train begin: open the run and the journal; its proposal's first step and batch interval."""
-        first_step = 0
+    def _rank0_train_begin(self, every: int) -> tuple[int, int, later_fits.Logged | None]:
+        """Rank 0 at train begin: open the run and the journal; its proposal's first step, batch interval, and what
+        this process logged into the run in earlier fits (not under elastic, whose steps follow its state)."""
+        first_step, logged = 0, None
         with self._rank0.step("opening the run and the journal", essential=True):
             self._start_logging()
         if self._logging and self._elastic is None:  # under elastic another rank 0 may continue the run
@@ -49,7 +50,23 @@ class RankZeroSteps:
         if self._logging and every:
             with self._rank0.step("planning the batch curves"):
                 every = self._within_row_limit(every)
-        return first_step, every
+        if self._logging and self._elastic is None:
+            with self._rank0.step("recalling earlier fits into this run"):
+                logged = later_fits.recalled(self.run_id)
+        return first_step, every, logged
+
+    def _remember_steps(self) -> None:
+        """Rank 0: the steps this fit reached in its run, for a later fit of this process into the same run."""
+        if self._elastic is None and self._first_epoch is not None:
+            batch = self._offsets.batch(self._clock.step) if self._clock.every > 0 else None
+            first = self._offsets.epoch(self._first_epoch, self._first_epoch)
+            later_fits.remember(self.run_id, self._step, batch, first_epoch=first)
+
+    def _tag_fit_start(self) -> None:
+        """Rank 0, at a later fit's first epoch: the tag that says at which step each fit of this process began."""
+        assert self._run_logger is not None and self._offsets.logged is not None
+        starts = [*self._offsets.logged.fit_starts, self._step]
+        self._run_logger.log_tags({later_fits.FIT_STARTS_TAG: ",".join(map(str, dict.fromkeys(starts)))})
 
     def _epoch_extras(self) -> None:
         """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every

@@ -231,6 +231,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rank-spread", default="", help="comma-separated keys")
     parser.add_argument("--initial-epoch", type=int, default=0)
     parser.add_argument("--then-fit-to", type=int, default=0, help="a second fit, from --epochs to this epoch")
+    parser.add_argument("--transfer-recipe", type=int, default=0,
+                        help="Keras' transfer-learning guide: the first layer frozen, then unfrozen, compiled again "
+                        "with a low learning rate and fitted this many epochs, without initial_epoch")  # fmt: skip
     parser.add_argument("--probe", action="store_true", help="record the final model's predictions on 4 inputs")
     parser.add_argument("--attempt", default="", help="logged as the extra param 'attempt'")
     parser.add_argument("--tensorboard", default="", help="Keras' TensorBoard callback on every rank, into this folder")
@@ -366,6 +369,9 @@ def main() -> None:
     xv, yv = data(rank, sizes[rank] // 2, seed=10)
     callbacks = fit_callbacks(args, model, options)
     validation = None if args.no_validation else (xv, yv)
+    if args.transfer_recipe:  # keras-io guides/transfer_learning.py: the "base" frozen, a new optimizer
+        model.layers[0].trainable = False
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=["accuracy"])
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=validation, callbacks=callbacks,
                         verbose=0, initial_epoch=args.initial_epoch)  # fmt: skip
     record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
@@ -374,6 +380,12 @@ def main() -> None:
     if args.then_fit_to:  # the same model goes on, in the same run, from where it stopped
         more = model.fit(x, y, batch_size=16, epochs=args.then_fit_to, initial_epoch=args.epochs,
                          validation_data=(xv, yv), callbacks=callbacks, verbose=0)  # fmt: skip
+        record["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
+    if args.transfer_recipe:  # the guide's fine-tuning: unfreeze, compile again (a low rate), fit again from epoch 0
+        model.layers[0].trainable = True
+        model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="binary_crossentropy", metrics=["accuracy"])
+        more = model.fit(x, y, batch_size=16, epochs=args.transfer_recipe, validation_data=validation,
+                         callbacks=callbacks, verbose=0)  # fmt: skip
         record["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
     if args.uneven and rank == 0:
         record_union_evaluation(model, sizes)
