@@ -16,8 +16,8 @@ import pytest
 from tests.support import launch
 from tests.support.checks import report
 
-# the uploader's resume rule
-pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.once, pytest.mark.timeout(900)]
+# a restarted job: every Horovod row (issue #48: the recipes users run, where they run them)
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.oldest, pytest.mark.timeout(900)]
 
 
 def test_restarted_job_and_second_fit_log_each_epoch_once(tmp_path, mlflow_server, client):

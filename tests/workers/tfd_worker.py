@@ -136,6 +136,23 @@ def custom(lr: float):
 SCENARIOS = {"classification": classification, "multi_output": multi_output, "weighted": weighted, "custom": custom}
 
 
+class Interrupted(Exception):
+    """The job is stopped (as a preempted node stops it), on every worker at the same epoch end."""
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Stops ``fit`` after epoch ``at`` was logged (hvd-mlflow's callback comes first), before a later callback
+    (BackupAndRestore) saves it: the restarted job trains that epoch again."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.at:
+            raise Interrupted(f"stopped after epoch {epoch}")
+
+
 def dataset(data, rank: int, seed: int, batch: int, steps: int) -> tf.data.Dataset:
     """This worker's samples: exactly ``steps`` batches of ``batch``, repeated, so every epoch sees each once."""
     x, y, w = data(rank, batch * steps, seed)
@@ -168,15 +185,30 @@ def run_scenario(name: str, strategy, rank: int, record: Record, args: argparse.
 
         mlflow.log_param("user_param", "from every worker")
         mlflow.log_metric("user_metric", 10.0 + rank)
+    if args.interrupt_after_epoch >= 0:  # a job stopped after this epoch was logged, before its backup was written
+        callbacks.append(Interrupt(args.interrupt_after_epoch))
+    if args.backup:  # keras.callbacks.BackupAndRestore: a restarted job goes on from the last backed-up epoch
+        callbacks.append(keras.callbacks.BackupAndRestore(args.backup))
     started = time.monotonic()
     _TIMES.clear()
     try:
         history = model.fit(train, epochs=args.epochs, steps_per_epoch=STEPS, validation_data=val,
                             validation_steps=VAL_STEPS, verbose=0, callbacks=callbacks, **fit_kwargs)  # fmt: skip
+    except Interrupted:
+        out["seen"] = seen.get("seen", [])
+        record.setdefault("scenarios", {})[name] = out
+        record.save()
+        return
     except Exception as error:
         record["raised"] = f"{type(error).__name__}: {error}"
         record.save()
         raise
+    if args.transfer_recipe:  # keras-io's transfer-learning guide: compile again with a low rate, fit again from 0
+        with strategy.scope():
+            model.compile(optimizer=keras.optimizers.SGD(0.005), loss="binary_crossentropy", metrics=["accuracy"])
+        more = model.fit(train, epochs=args.transfer_recipe, steps_per_epoch=STEPS, validation_data=val,
+                         validation_steps=VAL_STEPS, verbose=0, callbacks=[SeenLogs(seen)])  # fmt: skip
+        out["history_second_fit"] = {k: [float(v) for v in vs] for k, vs in more.history.items()}
     out["fit_returned_at"] = time.time()
     out.update(_TIMES)
     callback = _hvd_callback()
@@ -288,6 +320,9 @@ def main() -> None:
     parser.add_argument("--user-mlflow", action="store_true", help="mlflow.log_param/log_metric on every worker")
     parser.add_argument("--outside-scope", action="store_true", help="the model built outside strategy.scope()")
     parser.add_argument("--save", default="", help="after fit, model.save on every worker as Azure's example does")
+    parser.add_argument("--transfer-recipe", type=int, default=0, help="then compile again and fit this many epochs")
+    parser.add_argument("--backup", default="", help="keras.callbacks.BackupAndRestore into this folder")
+    parser.add_argument("--interrupt-after-epoch", type=int, default=-1, help="fit stops on every worker after it")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
