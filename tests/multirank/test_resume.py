@@ -20,7 +20,8 @@ from tests.support.checks import report
 pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.oldest, pytest.mark.timeout(900)]
 
 
-def test_restarted_job_and_second_fit_log_each_epoch_once(tmp_path, mlflow_server, client):
+def test_restarted_job_and_second_fit_log_each_epoch_once(tmp_path, mlflow_server, client, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.url)  # MLflow 2.12 finds artifacts by the global URI
     run_id = client.create_run("0").info.run_id
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_RUN_ID": run_id}
     first = launch.run(tmp_path / "a", ["--epochs", "4", "--attempt", "1"], env=env).check()
