@@ -1,10 +1,12 @@
 """What hvd-mlflow needs besides its own requirements, how to tell whether it is there, and the pip command that
 installs it: the one place ``autolog()``, the callback and ``hvd-mlflow doctor`` take them from.
 
-TensorFlow and Horovod are not requirements of the package (an image usually has its own, and Horovod must be
-compiled against that TensorFlow); without TensorFlow hvd-mlflow says so, once, with the command to run. Horovod is
-one of the engines (:mod:`hvd_mlflow.every_rank.collectives`), used where the job initialised it: a tf.distribute
-job, or one process, needs none (Horovod 0.28.1 does not build against TensorFlow >= 2.19).
+Keras, TensorFlow, JAX and Horovod are not requirements of the package (an image usually has its own, and Horovod
+must be compiled against that TensorFlow); without any Keras hvd-mlflow says so, once, with the command to run.
+TensorFlow is needed only where the model's Keras runs on it (tf_keras, Keras 2, Keras 3's TensorFlow backend).
+Horovod is one of the engines (:mod:`hvd_mlflow.every_rank.collectives`), used where the job initialised it: a
+tf.distribute or keras.distribution job, or one process, needs none (Horovod 0.28.1 does not build against
+TensorFlow >= 2.19).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib.util
 
 from ..errors import MissingDependencyError
 
+KERAS = "pip install 'keras>=3' 'jax[cpu]'"
 TENSORFLOW = "pip install 'tensorflow-cpu==2.16.2' && pip install --no-deps 'tf-keras==2.16.0'"
 HOROVOD = ("CMAKE_POLICY_VERSION_MINIMUM=3.5 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 "
            "pip install --no-build-isolation --no-cache-dir 'horovod==0.28.1'")  # fmt: skip
@@ -31,12 +34,12 @@ def installed_version(distribution: str) -> str | None:
 
 
 def require_training_stack() -> None:
-    """TensorFlow importable, else one error with the command that installs it (Horovod is asked for only where a
-    job uses it)."""
-    if importlib.util.find_spec("tensorflow") is None:
+    """A Keras to train with: Keras 3 (on any backend: JAX, PyTorch or TensorFlow) or TensorFlow's tf_keras / Keras 2;
+    else one error with the commands that install one (Horovod is asked for only where a job uses it)."""
+    if importlib.util.find_spec("keras") is None and importlib.util.find_spec("tf_keras") is None:
         raise MissingDependencyError(
-            f"hvd-mlflow needs TensorFlow ({TENSORFLOW}); a Horovod job also needs Horovod, compiled against that "
-            f"TensorFlow ({HOROVOD}), a tf.distribute job does not"
+            f"hvd-mlflow needs Keras: {KERAS} (Keras 3 on JAX, PyTorch or TensorFlow), or TensorFlow ({TENSORFLOW}); "
+            f"a Horovod job also needs Horovod, compiled against that TensorFlow ({HOROVOD})"
         )
 
 

@@ -84,12 +84,31 @@ def horovod_if_initialised():
         return None
 
 
+def jax_if_initialised():
+    """The ``jax`` module if the user imported it and JAX's multi-process runtime is initialised
+    (``keras.distribution.initialize()`` / ``jax.distributed.initialize()``) with more than one process, else
+    ``None``. JAX is never imported here."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        return jax if jax.distributed.is_initialized() and jax.process_count() > 1 else None
+    except Exception:  # noqa: BLE001 - a JAX without that API, or a runtime that failed: not a JAX world
+        return None
+
+
 def current(environ: Mapping[str, str] | None = None) -> Topology:
     """The topology of this process."""
     hvd = horovod_if_initialised()
     if hvd is not None:
         return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), "horovod")
-    return from_environment(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    jax = jax_if_initialised()
+    if jax is not None:  # the launcher's local rank where one says it (Open MPI), else the process's only one
+        launched = from_environment(environ)
+        local = launched.local_rank if launched.rank == jax.process_index() else 0
+        return Topology(jax.process_index(), jax.process_count(), local, "jax")
+    return from_environment(environ)
 
 
 _LAUNCHERS = (
@@ -97,6 +116,7 @@ _LAUNCHERS = (
     ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "pmi"),
     ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "horovodrun"),
     ("RANK", "WORLD_SIZE", "LOCAL_RANK", "torch-style"),
+    ("KERAS_DISTRIBUTION_PROCESS_ID", "KERAS_DISTRIBUTION_NUM_PROCESSES", "", "keras.distribution"),
 )
 
 
@@ -106,7 +126,7 @@ def from_environment(environ: Mapping[str, str]) -> Topology:
         if rank_var in environ:
             rank = int(environ[rank_var])
             size = int(environ.get(size_var, rank + 1))
-            return Topology(rank, size, int(environ.get(local_var, rank)), source)
+            return Topology(rank, size, int(environ.get(local_var, rank if local_var else 0)), source)
     cluster = tf_cluster(environ)
     if cluster is not None:
         return Topology(cluster.rank, cluster.size, 0, "tf-config")
@@ -115,7 +135,11 @@ def from_environment(environ: Mapping[str, str]) -> Topology:
 
 # Launchers that start a fixed world of processes and say its size (horovodrun's own variables are left out: under
 # elastic Horovod the world changes while they keep their first value).
-_FIXED_WORLDS = (("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"), ("PMI_SIZE", "a PMI launcher (mpiexec, srun)"))
+_FIXED_WORLDS = (
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+    ("PMI_SIZE", "a PMI launcher (mpiexec, srun)"),
+    ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES"),
+)
 
 
 def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:

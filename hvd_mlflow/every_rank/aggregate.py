@@ -270,6 +270,8 @@ class Reducer:
         carried_per_rank = (
             {name: per_rank[:, at + i].tolist() for i, name in enumerate(part.carry)} if per_rank is not None else {}
         )
+        if self._comm.values_are_global:  # keras.distribution on JAX: Keras' values are the global ones, alike on
+            return Reduced(dict(part.values), {}, carried, carried_per_rank, None, set())  # every rank: no spread
         spread: dict[str, float] = {}
         for key in (k for k in self.spread_keys if k in part.values):
             column = per_rank[:, pack.keys.index(key)]

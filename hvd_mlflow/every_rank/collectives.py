@@ -8,6 +8,10 @@ Which one (:func:`current`), the same on every process by construction (rule 2):
   collective all-reduce, as AzureML's ``distribution: type: tensorflow`` jobs run it): the strategy's own
   cross-worker collectives carry everything, with no second communication layer. Its workers are ranked as
   tf.distribute ranks them (the chief is rank 0: :func:`hvd_mlflow.common.topology.rank_in_cluster`);
+* else :class:`Jax` when the model is Keras 3 on JAX and JAX's multi-process runtime runs more than one process
+  (``keras.distribution.initialize()``, with ``DataParallel`` or ``ModelParallel``): Keras computes every step on the
+  global batch, so its values are global already and nothing is summed; JAX's own multi-process gather
+  (``jax.experimental.multihost_utils``) carries what rides along. Process 0 is rank 0;
 * else :class:`Solo`: one process, nothing is communicated.
 
 Every process of a job runs the same code with the same launcher and the same model, so every process picks the
@@ -39,6 +43,8 @@ class Collectives(Protocol):
     batch_is_global: bool
     # saving the model runs the engine's collectives (tf.distribute's mirrored variables): rank 0 cannot save alone
     saving_is_collective: bool
+    # Keras' values are computed on the global batch (keras.distribution on JAX): nothing to reduce, none per rank
+    values_are_global: bool
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
     def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
@@ -52,7 +58,7 @@ class Solo:
     rank = 0
     size = 1
     engine = "single process"
-    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = values_are_global = False
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
@@ -71,7 +77,7 @@ class Horovod:
     """The collectives of an initialised ``horovod.tensorflow``."""
 
     engine = "horovod"
-    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = False
+    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = values_are_global = False
 
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
@@ -108,6 +114,7 @@ class TfDistribute:
 
     engine = "tf.distribute"
     logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = True
+    values_are_global = False
 
     def __init__(self, strategy: Any, rank: int, size: int) -> None:
         self._strategy = strategy
@@ -144,6 +151,63 @@ class TfDistribute:
         matrix = np.zeros((self.size, values.size), dtype=np.float64)
         matrix[self.rank] = values
         return self.allreduce_sum(matrix.reshape(-1), name).reshape(self.size, values.size)
+
+
+class Jax:
+    """JAX's processes under ``keras.distribution``, each process counted once (process 0 is rank 0).
+
+    Everything travels through ``jax.experimental.multihost_utils.process_allgather``: each process's bytes, padded
+    to one length, gathered into one row per process (the same call, in the same order, on every process: rule 2).
+    Numbers travel as the bytes of their float64 (JAX computes in 32 bits unless x64 is on): every value arrives bit
+    for bit, and every process sums the rows in rank order, so every process gets the same sum. Lengths are rounded
+    up to a power of two so that JAX compiles its gather for a few shapes only.
+    """
+
+    engine = "keras.distribution"
+    logs_are_global = batch_is_global = False
+    keeps_weights_in_step = saving_is_collective = values_are_global = True
+
+    def __init__(self, jax: Any) -> None:
+        from jax.experimental import multihost_utils
+
+        self._gather = multihost_utils.process_allgather
+        self.rank, self.size = int(jax.process_index()), int(jax.process_count())
+
+    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
+        return self._numbers(values).sum(axis=0).astype(values.dtype)
+
+    def allgather(self, values: np.ndarray, name: str) -> np.ndarray:
+        """Every process's 1-D ``values``, concatenated in rank order (lengths may differ)."""
+        rows = self.allgather_object(np.asarray(values, dtype=np.float64), name)
+        return np.concatenate(rows).astype(values.dtype)
+
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
+        return [pickle.loads(row) for row in self._bytes(pickle.dumps(obj))]
+
+    def broadcast_object(self, obj: Any, name: str) -> Any:
+        return self.allgather_object(obj if self.rank == 0 else None, name)[0]
+
+    def _numbers(self, values: np.ndarray) -> np.ndarray:
+        """One row per process of float64 ``values`` (the same length on every process), bit for bit."""
+        words = np.ascontiguousarray(values, dtype=np.float64).view(np.uint32)
+        rows = np.asarray(self._gather(_padded(words, words.size)))
+        return np.ascontiguousarray(rows[:, : words.size]).view(np.float64)
+
+    def _bytes(self, data: bytes) -> list[bytes]:
+        """Every process's ``data`` (lengths may differ), in rank order: the lengths first, then the padded bytes."""
+        lengths = np.asarray(self._gather(np.array([len(data)], dtype=np.int32))).reshape(-1)
+        longest = int(lengths.max())
+        raw = np.frombuffer(data, dtype=np.uint8)
+        rows = np.asarray(self._gather(_padded(raw, longest)))
+        return [rows[r, : int(n)].tobytes() for r, n in enumerate(lengths)]
+
+
+def _padded(values: np.ndarray, length: int) -> np.ndarray:
+    """``values`` with zeros after them up to the next power of two at or above ``length`` (at least 8)."""
+    size = max(8, 1 << max(0, int(length) - 1).bit_length())
+    out = np.zeros(size, dtype=values.dtype)
+    out[: values.size] = values
+    return out
 
 
 def multi_worker_strategy(model: Any) -> tuple[Any, int, int] | None:
@@ -198,11 +262,15 @@ def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
 
 def current(model: Any = None) -> Collectives:
     """Horovod's collectives when it is initialised with more than one process, else ``model``'s multi-worker
-    tf.distribute strategy's, else :class:`Solo`."""
+    tf.distribute strategy's, else JAX's when ``model`` is on JAX and JAX runs several processes, else
+    :class:`Solo`."""
     hvd = topology.horovod_if_initialised()
     if hvd is not None and hvd.size() > 1:
         return Horovod(hvd)
     found = multi_worker_strategy(model) if model is not None else None
     if found is not None:
         return TfDistribute(*found)
+    jax = topology.jax_if_initialised()
+    if jax is not None and model is not None and keras_flavour.backend(model) == "jax":
+        return Jax(jax)
     return Solo()

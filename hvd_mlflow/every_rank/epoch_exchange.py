@@ -25,7 +25,11 @@ class EpochExchange:
 
     def _needs_states(self) -> bool:
         """Whether the collectives carry metric states (not for ``reduction="mean"``), or this rank's own values must
-        be computed from them (an engine whose logs are global already: tf.distribute)."""
+        be computed from them (an engine whose logs are global already: tf.distribute). Only TensorFlow's variables
+        are read (metric_state.py): a model on another backend has Keras' values only (global already where an
+        engine makes them so, their own in one process)."""
+        if not keras_flavour.runs_on_tensorflow(self.model):
+            return False
         return self.options.reduction != "mean" or self._comm.logs_are_global
 
     def _batch_states(self) -> list[metric_state.MetricState]:
@@ -59,7 +63,8 @@ class EpochExchange:
         """The result keys (train and ``val_``) of metrics whose state does not add up: found once per fit, when
         the metrics are built, on every rank alike (from the model)."""
         if self._not_additive is None:
-            keys = metric_state.inexact_keys(self.model) if self.options.reduction == "exact" else set()
+            exact = self.options.reduction == "exact" and self._needs_states()
+            keys = metric_state.inexact_keys(self.model) if exact else set()
             self._not_additive = keys | {f"val_{k}" for k in keys}
         return self._not_additive
 
@@ -82,7 +87,7 @@ class EpochExchange:
         if self._traced is not None or epoch + 2 >= epochs:
             return
         traced = []
-        if self.options.reduction == "exact":
+        if self.options.reduction == "exact" and self._needs_states():
             traced.append(metric_state.trace_in_background(self.model, states=2 if self._validating else 1))
         if self._checks_divergence():
             traced.append(divergence.trace_in_background(self.model))

@@ -40,6 +40,21 @@ def of_model(model: object) -> str:
     )
 
 
+def backend(model: object) -> str:
+    """The backend ``model`` computes on: ``"tensorflow"`` for tf_keras and Keras 2, else Keras 3's own
+    (``keras.backend.backend()``: ``"jax"``, ``"torch"``, ``"tensorflow"``...), the same for every model of a
+    process."""
+    if of_model(model) != "keras" or not version("keras").startswith("3"):
+        return "tensorflow"
+    return str(_module("keras").backend.backend())
+
+
+def runs_on_tensorflow(model: object) -> bool:
+    """Whether ``model``'s variables are TensorFlow's: where the exact reduction reads metric states, and where
+    tf.distribute and Horovod's TensorFlow collectives apply."""
+    return backend(model) == "tensorflow"
+
+
 def legacy_setting(environ: Mapping[str, str] | None = None) -> str:
     """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
     environ = os.environ if environ is None else environ

@@ -39,9 +39,9 @@ def test_a_bare_pip_install_imports_and_says_what_is_missing(tmp_path):
     done = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]  # numpy etc. are declared
     said = done.stdout.strip()
-    # Horovod is one engine of two: asked for where a Horovod job needs it, never as what every job needs
-    assert said.startswith("ERROR hvd-mlflow needs TensorFlow") and "a Horovod job also needs Horovod" in said, said
-    assert "a tf.distribute job does not" in said, said
+    # a Keras is what every job needs (Keras 3 on any backend, or TensorFlow's); Horovod only where a job uses it
+    assert said.startswith("ERROR hvd-mlflow needs Keras") and "a Horovod job also needs Horovod" in said, said
+    assert "pip install 'keras>=3' 'jax[cpu]'" in said, said
     assert "pip install 'tensorflow-cpu==2.16.2'" in said and "pip install --no-build-isolation" in said, said
     doctor = subprocess.run([str(env_dir / "bin" / "hvd-mlflow"), "doctor"], capture_output=True, text=True,
                             timeout=300, cwd=tmp_path)  # fmt: skip

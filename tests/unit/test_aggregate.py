@@ -30,6 +30,7 @@ class TwoRanks:
 
     rank, size = 0, 2
     logs_are_global = False  # as Horovod: each rank's logs hold its own values
+    values_are_global = False
 
     def __init__(self, mode: str, other: dict[str, float], states=()) -> None:
         peer = Peer()
@@ -151,6 +152,7 @@ class TwoRanksGathering:
 
     rank, size = 0, 2
     logs_are_global = False  # as Horovod: each rank's logs hold its own values
+    values_are_global = False
 
     def __init__(self, other: dict[str, float], spread) -> None:
         peer = GatherPeer()
@@ -200,6 +202,7 @@ class HandBuiltPeer:
 
     rank, size = 0, 2
     logs_are_global = False  # as Horovod: each rank's logs hold its own values
+    values_are_global = False
 
     def __init__(self, other: np.ndarray) -> None:
         self.other = other
