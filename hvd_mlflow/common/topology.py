@@ -138,7 +138,7 @@ def from_environment(environ: Mapping[str, str]) -> Topology:
 _FIXED_WORLDS = (
     ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
     ("PMI_SIZE", "a PMI launcher (mpiexec, srun)"),
-    ("KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES"),
+    ("KERAS_DISTRIBUTION_NUM_PROCESSES", "a launcher (KERAS_DISTRIBUTION_NUM_PROCESSES)"),
 )
 
 
@@ -201,6 +201,33 @@ def check_tf_config_world(
         "train alone on its own data and log its own values into the same run. Build and compile the model inside "
         "`with tf.distribute.MultiWorkerMirroredStrategy().scope():` (created once, before the model), or pass "
         "allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each worker is meant to train alone."
+    )
+
+
+def check_launcher_world(
+    engine_size: int, backend: str, environ: Mapping[str, str] | None = None, *, allowed: bool = False
+) -> None:
+    """Raise :class:`LauncherMismatchError` when a launcher started several processes (Open MPI's ``mpirun``, a PMI
+    launcher, ``KERAS_DISTRIBUTION_NUM_PROCESSES``) but no engine joins them (no Horovod initialised, no multi-worker
+    strategy, no JAX runtime): every process would train alone and log its own values as rank 0. ``backend``: the
+    model's (``"jax"``: keras.distribution is the engine to start). Every process of such a job sees the same
+    variables and runs the same code, so every process raises alike (rule 2)."""
+    world = launcher_world(environ)
+    if world is None or world[0] <= 1 or engine_size != 1 or allowed:
+        return
+    size, launcher = world
+    fix = (
+        "Call keras.distribution.initialize() first (it reads Open MPI's variables, or KERAS_DISTRIBUTION_*), then "
+        "keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution."
+        "list_devices()))"
+        if backend == "jax"
+        else "Initialise the training's engine before fit (hvd.init() for Horovod)"
+    )
+    raise LauncherMismatchError(
+        f"hvd-mlflow: {launcher} started {size} processes, but this one trains alone (no Horovod, multi-worker "
+        f"strategy or keras.distribution joins them), so every process would log its own values into the same run "
+        f"as rank 0. {fix}, or pass allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each process is "
+        "meant to train alone."
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..common import topology
-from ..errors import HvdMlflowError
+from ..errors import HvdMlflowError, LauncherMismatchError
 from . import keras_flavour
 
 
@@ -247,16 +247,38 @@ def check_strategy(model: Any) -> None:
     )
 
 
+def check_keras_distribution(size: int, allowed: bool = False) -> None:
+    """Raise :class:`~hvd_mlflow.errors.LauncherMismatchError` when JAX runs several processes but no
+    ``keras.distribution`` is set: each process then trains its own model on its own devices and data. Every process
+    ran the same code, so every process raises alike, before training."""
+    import keras
+
+    if keras.distribution.distribution() is not None or allowed:
+        return
+    raise LauncherMismatchError(
+        f"hvd-mlflow: JAX runs {size} processes (keras.distribution.initialize()), but no keras.distribution is set, "
+        "so each process would train its own model on its own data and log it as rank 0. Set one before building the "
+        "model: keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution."
+        "list_devices())), or pass allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each is meant to "
+        "train alone."
+    )
+
+
 def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
     """The engine of one ``fit`` (:func:`current`), after the checks every process makes alike from its launcher
     and its model: an MPI launcher's world larger than Horovod's, ``TF_CONFIG`` naming several workers for a model
-    that trains alone, Keras 3 under a multi-worker strategy. Each raises on every process at train begin."""
+    that trains alone, Keras 3 under a multi-worker strategy, a launcher's world that no engine joins, JAX's processes
+    without a keras.distribution. Each raises on every process at train begin."""
     hvd = topology.horovod_if_initialised()
     if hvd is not None:
         topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built(), allowed=allow_world_of_one)
     check_strategy(model)
     found = current(model)
     topology.check_tf_config_world(found.size, strategy_name(model), allowed=allow_world_of_one)
+    if hvd is None:
+        topology.check_launcher_world(found.size, keras_flavour.backend(model), allowed=allow_world_of_one)
+    if isinstance(found, Jax):
+        check_keras_distribution(found.size, allowed=allow_world_of_one)
     return found
 
 

@@ -90,3 +90,22 @@ def test_hosts_are_described_by_rank_ranges_in_order_of_first_rank():
     assert topology.describe_hosts(["node0", "node0", "node1", "node1"]) == "node0:0-1 node1:2-3"
     assert topology.describe_hosts(["b", "a", "b", "b", "a", "c"]) == "b:0,2-3 a:1,4 c:5"
     assert topology.describe_hosts(["solo"]) == "solo:0"
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "KERAS_DISTRIBUTION_NUM_PROCESSES"])
+def test_a_launcher_world_that_no_engine_joins_is_refused(variable):
+    """mpirun (or KERAS_DISTRIBUTION_*) started two processes, but neither Horovod, a multi-worker strategy nor JAX's
+    runtime joins them: each would log as rank 0. Refused alike, naming the engine to start for the model's backend."""
+    with pytest.raises(LauncherMismatchError, match=r"started 2 processes.*keras.distribution.initialize\(\)"):
+        topology.check_launcher_world(1, "jax", {variable: "2"})
+    with pytest.raises(LauncherMismatchError, match=r"started 2 processes.*hvd.init\(\)"):
+        topology.check_launcher_world(1, "tensorflow", {variable: "2"})
+    topology.check_launcher_world(2, "jax", {variable: "2"})  # the engine spans them
+    topology.check_launcher_world(1, "jax", {variable: "2"}, allowed=True)
+    topology.check_launcher_world(1, "jax", {variable: "1"})
+    topology.check_launcher_world(1, "jax", {})
+
+
+def test_keras_distribution_variables_give_the_rank():
+    found = topology.from_environment({"KERAS_DISTRIBUTION_PROCESS_ID": "1", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2"})
+    assert (found.rank, found.size, found.local_rank, found.source) == (1, 2, 0, "keras.distribution")
