@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import platform
 from collections.abc import Callable
@@ -33,8 +34,11 @@ def _guard(name: str, fix: str, probe: Callable[[], Check]) -> Check:
 
 def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> list[Check]:
     out = [Check("python", platform.python_version())]
+    out.append(_guard("keras", dependencies.KERAS, _keras))
 
     def tensorflow() -> Check:
+        if importlib.util.find_spec("tensorflow") is None and _backend() not in ("tensorflow", ""):
+            return Check("tensorflow", f"not installed: not needed on Keras 3's {_backend()} backend")
         import tensorflow as tf
 
         flavour = keras_flavour.of_tf_keras()
@@ -110,6 +114,11 @@ def _ranks() -> Check:
     if launched is None or launched[0] <= 1:
         where = topology.current()
         return Check("engine", f"one process: rank {where.rank} of {where.size} (from {where.source})")
+    if _backend() == "jax" and not dependencies.horovod_installed():
+        rank = topology.current().rank
+        return Check("engine", f"keras.distribution on JAX: {launched[1]} started {launched[0]} processes; this is "
+                     f"process {rank}; process 0 logs once keras.distribution.initialize() joins them (JAX reads "
+                     "Open MPI's or KERAS_DISTRIBUTION_* variables)")  # fmt: skip
     import horovod.tensorflow as hvd
 
     hvd.init()
@@ -201,6 +210,31 @@ def _combination(plugin: str | None, uses_azureml: bool) -> list[Check]:
         warning = "" if fatal else advice
         out.append(Check("combination", value, ok=not fatal, fix=advice if fatal else "", warning=warning))
     return out
+
+
+def _backend() -> str:
+    """Keras 3's backend here (``KERAS_BACKEND``, else Keras' config), ``"tensorflow"`` where tf.keras is tf_keras or
+    Keras 2, ``""`` without Keras: read without importing a backend."""
+    if keras_flavour.of_tf_keras() == "tf_keras" or importlib.util.find_spec("keras") is None:
+        return "tensorflow" if importlib.util.find_spec("tf_keras") else ""
+    import keras
+
+    return str(keras.backend.backend()) if keras.__version__.startswith("3") else "tensorflow"
+
+
+def _keras() -> Check:
+    """Which Keras trains here, and on which backend (Keras 3: JAX, PyTorch or TensorFlow), and the engines that
+    backend can use."""
+    backend = _backend()
+    if not backend:
+        return Check("keras", "not installed", ok=False, fix=dependencies.KERAS)
+    flavour = keras_flavour.of_tf_keras()
+    engines = {
+        "jax": "keras.distribution across processes, or one process",
+        "tensorflow": "Horovod, tf.distribute (tf_keras), or one process",
+    }.get(backend, "one process (hvd-mlflow has no multi-process engine for this backend yet)")
+    return Check("keras", f"{flavour} {keras_flavour.version(flavour)}, backend {backend} "
+                 f"(KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'unset')}); engines: {engines}")  # fmt: skip
 
 
 def _keras3() -> bool:
