@@ -45,6 +45,15 @@ class EpochExchange:
             self._train_state = metric_state.capture(self.model, prefix="")
         if self.options.reduction == "mean":
             self._train_samples = metric_state.samples(self.model)
+        elif not keras_flavour.runs_on_tensorflow(self.model):
+            self._train_samples = self._keras_samples()
+
+    def _keras_samples(self) -> float:
+        """Off TensorFlow (no metric states ride in the collective): the training samples as Keras' loss tracker
+        counts them, global under keras.distribution (its state is one array over the processes), 0 if unknown."""
+        count = next((m.count for m in metric_state.leaf_metrics(self.model) if m.name == "loss"
+                      and hasattr(m, "count")), None)  # fmt: skip
+        return keras_flavour.read_scalar(count) if count is not None else 0.0
 
     def _epoch_states(self) -> list[metric_state.MetricState]:
         """The states the epoch's results come from: training and validation, or training alone."""
@@ -128,6 +137,8 @@ class EpochExchange:
         out = {"epoch_time_s": seconds}
         try:
             samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
+            if not samples and not keras_flavour.runs_on_tensorflow(self.model):  # Keras' own count (one process,
+                samples = self._train_samples if self._validating else self._keras_samples()  # or global already)
             if samples and seconds > 0 and not self._counts_batches(samples):
                 out["samples_per_s"] = samples / seconds
             rate = run_params.current_learning_rate(self.model)

@@ -55,6 +55,16 @@ def runs_on_tensorflow(model: object) -> bool:
     return backend(model) == "tensorflow"
 
 
+def read_scalar(variable: Any) -> float:
+    """A Keras 3 variable's value as a float, on any backend: under keras.distribution on JAX the value is one array
+    spread over the processes, read from this process's own copy."""
+    value = getattr(variable, "value", variable)
+    shard = getattr(value, "addressable_data", None)
+    if callable(shard):
+        value = shard(0)
+    return float(_module("keras").ops.convert_to_numpy(value))
+
+
 def legacy_setting(environ: Mapping[str, str] | None = None) -> str:
     """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
     environ = os.environ if environ is None else environ
