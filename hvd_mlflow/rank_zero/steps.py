@@ -268,14 +268,15 @@ class RankZeroSteps:
 
     def _logs_models(self) -> bool:
         """``log_models`` as given, else on outside AzureML jobs (where ``log_model`` cannot work) and off inside.
-        Never where saving runs the engine's collectives (tf.distribute): the chief saving alone would wait for
-        workers that never join, and fail the user's own ``model.save`` after it (seen: UnavailableError)."""
+        Never where saving runs the engine's collectives (tf.distribute, keras.distribution on JAX): rank 0 saving
+        alone would wait for processes that never join, and fail the user's own ``model.save`` after it (seen:
+        tf.distribute's UnavailableError; JAX's "not the same on each process" then a hang)."""
         if self._comm.saving_is_collective:
             if self.options.log_models:
                 logger.warning(
-                    "hvd-mlflow: log_models is off under %s: saving the model runs the strategy's collectives on "
-                    "every worker, so the chief cannot save it alone. Save it on every worker (model.save, the "
-                    "others into folders of their own) and log the chief's with mlflow.log_artifacts.",
+                    "hvd-mlflow: log_models is off under %s: saving the model runs the engine's collectives on every "
+                    "process (its variables span them), so rank 0 cannot save it alone. Save it on every process "
+                    "(model.save, the others into folders of their own) and log rank 0's with mlflow.log_artifacts.",
                     self._comm.engine,
                 )
             return False
