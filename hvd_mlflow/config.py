@@ -35,7 +35,8 @@ class Options:
         extra_tags: tags added to the run.
         extra_params: params added to the run (your hyperparameters, for example).
         journal_dir: where rank 0 keeps its journal (default ``.hvd_mlflow/journal`` in the working
-            directory); ``hvd-mlflow sync`` looks there by default.
+            directory; in an AzureML job ``outputs/hvd_mlflow_journal``, which AzureML keeps with the job's run);
+            ``hvd-mlflow sync`` looks there by default.
         silent: no warnings from hvd-mlflow (errors are still raised).
         csv_path: rank 0 also writes the global values to this file with Keras' own ``CSVLogger`` (the seed
             recipe's format, appending when ``fit`` resumes), so existing pandas notebooks keep working.

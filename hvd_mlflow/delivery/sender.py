@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from .._log import logger
 from ..common.redact import mask_uri, redact
@@ -280,6 +281,13 @@ class Sender:
             dropped = self.journal.dropped_points
             where = "The journal was in memory only (no writable journal directory): they are lost" + (
                 f", as are {dropped} older values it could not hold." if dropped else "."
+            )
+        elif self.journal.meta().job_mode and Path(self.journal.location).parts[:1] == ("outputs",):
+            where = (
+                f"They are kept in {self.journal.location}, which AzureML uploads into the job's run with ./outputs "
+                "when the job ends: download it (Studio: the job's Outputs + logs, or  az ml job download --name "
+                "<job> --all), then, with MLFLOW_TRACKING_URI set to the workspace's:  hvd-mlflow sync "
+                f"<download>/{self.journal.location}"
             )
         else:
             where = (

@@ -112,6 +112,7 @@ def test_two_nodes_log_exact_global_values_from_node0_only(bed):
     # only node 0 talked to the tracking host; node 1 holds no journal; the job's run stays the job's
     sources = node0_only(bed, seen)
     assert not (job.nodes["node1"] / ".hvd_mlflow").exists()
+    assert not (job.nodes["node1"] / "outputs" / "hvd_mlflow_journal").exists()
     assert run.info.status == "RUNNING"
     report("multinode-exact", max_rel_error=max(errors.values()), errors=errors, connections_by_source=sources,
            points_per_metric=epochs, metrics=len(run.data.metrics), hosts=run.data.tags["hvd_mlflow.hosts"],
@@ -145,6 +146,7 @@ def test_two_nodes_through_the_azureml_plugin(bed):
     assert not [r for r in requests if r["path"].endswith(("/runs/update", "/runs/create", "/experiments/create"))]
     assert store.get_run(run_id).info.status == "RUNNING"
     assert not (job.nodes["node1"] / ".hvd_mlflow").exists()
+    assert not (job.nodes["node1"] / "outputs" / "hvd_mlflow_journal").exists()
     # TensorBoard on every rank: only rank 0's wrote (node1 has no folder), and its event files reached AzureML's
     # artifact store through the plugin, as blobs under the run's tensorboard/
     assert not (job.nodes["node1"] / "tb").exists()

@@ -12,6 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from ... import config
+from ..destination import is_azureml_job, tracking_uri_from_environment
 from .records import LOCK_SUFFIX, PENDING, SUFFIX, JournalMeta, NotAJournal
 
 # What makes a file a journal, checked read-only before ``sync`` opens it for writing: its name, SQLite's header,
@@ -21,9 +22,20 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _COMPANION_SUFFIXES = ("-wal", "-shm", "-journal", LOCK_SUFFIX)
 
 
+LOCAL_DIRECTORY = Path(".hvd_mlflow") / "journal"
+# AzureML uploads a job's ./outputs into its run when the job ends: a journal there outlives the node
+JOB_DIRECTORY = Path("outputs") / "hvd_mlflow_journal"
+
+
 def default_directory() -> Path:
-    """``$HVD_MLFLOW_JOURNAL_DIR``, else ``.hvd_mlflow/journal`` under the working directory."""
-    return Path(config.environment_value("journal_dir") or Path(".hvd_mlflow") / "journal")
+    """``$HVD_MLFLOW_JOURNAL_DIR``, else, in an AzureML job, ``outputs/hvd_mlflow_journal`` under the working directory
+    (AzureML keeps ``./outputs`` with the job's run after the node is gone: what the server did not take survives the
+    job), else ``.hvd_mlflow/journal``. A journal whose entries were all delivered is deleted, so ``outputs`` holds one
+    only when something waits for ``hvd-mlflow sync``."""
+    explicit = config.environment_value("journal_dir")
+    if explicit:
+        return Path(explicit)
+    return JOB_DIRECTORY if is_azureml_job(tracking_uri_from_environment()) else LOCAL_DIRECTORY
 
 
 def find(directory: Path | None = None) -> list[Path]:

@@ -1,0 +1,48 @@
+"""What the server could not take survives an AzureML job: the journal defaults to ``./outputs``, which AzureML
+uploads into the job's run when the job ends (the node and its disk are gone then), and ``hvd-mlflow sync`` of a
+downloaded copy delivers every point once.
+
+2 real Horovod ranks in an AzureML job's environment, the real azureml-mlflow plugin, the offline AzureML front
+answering 503 to everything for the whole job (an outage of the workspace's MLflow service). Before the journal moved
+there, it was in ``./.hvd_mlflow/journal``, on the node's disk only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import pytest
+
+from tests.support import launch
+from tests.support.azureml_front import AzureMLFront
+from tests.support.checks import FAST_RETRIES, check_run, report, sync
+from tests.support.proxy import Respond
+
+pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.azureml, pytest.mark.timeout(600)]
+EPOCHS = 3
+
+
+def test_the_journal_is_kept_with_the_job_and_a_downloaded_copy_syncs_every_point_once(tmp_path, client,
+                                                                                       mlflow_server):  # fmt: skip
+    front = AzureMLFront(mlflow_server.url, tmp_path / "tls", fault=lambda request: Respond(503))
+    with front:
+        name = f"azureml-outputs-{uuid.uuid4().hex[:8]}"
+        experiment_id = client.create_experiment(name, artifact_location=front.artifact_location(name))
+        run_id = client.create_run(experiment_id).info.run_id  # the control plane creates the job's run
+        job_env = front.job_environment(run_id, experiment_id)
+        job = tmp_path / "job"  # the job's working folder on node 0 (AzureML's code snapshot)
+        done = launch.run(job, ["--epochs", str(EPOCHS)], env={**FAST_RETRIES, **job_env,
+                                                               "HVD_MLFLOW_FLUSH_TIMEOUT": "8"}).check()  # fmt: skip
+        assert client.get_metric_history(run_id, "loss") == []  # the service took nothing during the job
+        kept = sorted((job / "outputs" / "hvd_mlflow_journal").glob("*.journal.sqlite"))
+        assert len(kept) == 1, sorted(p.relative_to(job) for p in job.rglob("*.journal.sqlite"))  # in ./outputs
+        assert "az ml job download" in done.output and "outputs/hvd_mlflow_journal/" in done.output
+        download = tmp_path / "download"  # what `az ml job download` brings back: the run's outputs folder
+        shutil.copytree(job / "outputs", download / "outputs")
+        front.fault = None  # the service is back
+        synced = sync(download, str(download / kept[0].relative_to(job)), env=job_env)
+        assert synced.returncode == 0 and "Traceback" not in synced.stderr, synced.stdout + synced.stderr
+        counts = check_run(client, run_id, [done.rank(0), done.rank(1)], EPOCHS)  # every point once, global values
+        assert client.get_run(run_id).info.status == "RUNNING"  # the job's run stays AzureML's
+    report("journal in outputs", journal=str(kept[0].relative_to(job)), **counts)
