@@ -1,49 +1,74 @@
-"""Whether anything listens at a tracking server's address: one TCP connect, for the end of ``fit`` only.
+"""Whether the tracking server can take data now: one request without retries, for the end of ``fit`` only.
 
-MLflow's REST client retries a refused connection for minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, exponential
-backoff), and says nothing until it gives up: a server that is down for the whole run looks, from the sender, like a
-call that is still waiting. At the end of ``fit`` rank 0 must not wait for that (:mod:`hvd_mlflow.delivery.sender`),
-so, while nothing has answered, it asks the network directly: a refused or unreachable address is known down at once.
-Only where the request would go straight to that address: not through an HTTP proxy (``HTTPS_PROXY`` and its kin,
-which a direct connect would bypass), and only for ``http``/``https`` URIs (AzureML's plugin resolves its own).
-Runs on rank 0 alone (the sender asks it from a thread of its own, so that a slow name lookup never holds up the
-end of ``fit``), decides no collective, and never raises.
+MLflow's REST client retries a refused connection, a connection closed without an answer and a 5xx answer for minutes
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, exponential backoff), and says nothing until it gives up: a server that is down
+for the whole run looks, from the sender, like a call that is still waiting. At the end of ``fit`` rank 0 must not
+wait for that (:mod:`hvd_mlflow.delivery.sender`), so, while nothing has answered, it asks the server directly, once,
+with a short timeout: an address that refuses, a front that accepts the connection and closes it without an answer (a
+load balancer whose backend is dead), an answer of 500 or more (AzureML's front during an outage: 503), or a name that
+resolves nowhere: the server cannot take data now. Any answer below 500 (even 401 or 404) says that it can; a request
+that only takes long proves nothing. The question is MLflow's own read of experiment 0, sent through MLflow's REST
+layer with the tracking store's own credentials (``MLFLOW_TRACKING_TOKEN``, the azureml-mlflow plugin's workspace path
+and token for an ``azureml://`` URI), so it goes where MLflow's requests go, the same way (proxies, CA bundle, TLS
+settings), with ``max_retries=0``. Runs on rank 0 alone (the sender asks it from a thread of its own, so that a slow
+name lookup never holds up the end of ``fit``), decides no collective, and never raises.
 
 Example::
 
-    refuses("http://127.0.0.1:9")  # True: nothing listens there
+    cannot_answer("http://127.0.0.1:9")  # True: nothing listens there
 """
 
 from __future__ import annotations
 
-import socket
-import urllib.request
+import ssl
+from typing import Any
 from urllib.parse import urlsplit
 
-CONNECT_TIMEOUT_S = 1.0
+TIMEOUT_S = 1.0
+PROBE_ENDPOINT = "/api/2.0/mlflow/experiments/get"  # a read every MLflow tracking server serves (experiment 0)
 
 
-def refuses(tracking_uri: str | None, timeout: float = CONNECT_TIMEOUT_S) -> bool:
-    """True when a TCP connection to ``tracking_uri``'s host and port is refused, or the address is unreachable or
-    its name resolves nowhere: a server that cannot answer. False when the connection is accepted, when it only
-    takes long (a lost packet, a busy host: not proof), or when the question does not apply (not HTTP, a proxy)."""
+def cannot_answer(tracking_uri: str | None, timeout: float = TIMEOUT_S) -> bool:
+    """True when the tracking server cannot take data now: its address refuses or is unreachable, its name resolves
+    nowhere, the connection is closed without an answer, or the answer is 500 or more. False when it answers below 500,
+    when the question only takes long (a lost packet, a busy host: not proof), or when it does not apply (a file or
+    database store)."""
     try:
-        parts = urlsplit(tracking_uri or "")
-        if parts.scheme not in ("http", "https") or not parts.hostname:
+        credentials = _host_credentials(tracking_uri)
+        if credentials is None:
             return False
-        if _proxied(parts.scheme, parts.hostname):
-            return False
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        with socket.create_connection((parts.hostname, port), timeout=timeout):
-            return False
-    except TimeoutError:  # (socket.timeout) no answer yet is not a refusal
-        return False
-    except OSError:  # refused, host or network unreachable, no route, name not resolved
-        return True
-    except Exception:  # noqa: BLE001 - a malformed address (a ValueError, a UnicodeError): no answer either way
-        return False
+        from mlflow.utils.rest_utils import http_request
+
+        answer = http_request(credentials, PROBE_ENDPOINT, "GET", max_retries=0, timeout=timeout,
+                              raise_on_status=False, params={"experiment_id": "0"})  # fmt: skip
+        return answer.status_code >= 500
+    except Exception as error:  # noqa: BLE001 - a probe never raises: only a plain "no answer" is proof
+        return _no_answer(error)
 
 
-def _proxied(scheme: str, host: str) -> bool:
-    proxies = urllib.request.getproxies()
-    return bool(proxies.get(scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(host)
+def _host_credentials(tracking_uri: str | None) -> Any:
+    """The REST store's host and credentials for ``tracking_uri`` (MLflow's server, the plugin's AzureML workspace),
+    or ``None`` where the store is not a server."""
+    if urlsplit(tracking_uri or "").scheme not in ("http", "https", "azureml"):
+        return None
+    from mlflow.tracking._tracking_service.utils import _get_store
+
+    get = getattr(_get_store(tracking_uri), "get_host_creds", None)
+    return get() if callable(get) else None
+
+
+def _no_answer(error: BaseException | None) -> bool:
+    """Whether ``error`` from the probe proves the server cannot answer: a connection that failed (refused,
+    unreachable, a name that resolves nowhere) or was closed without an answer. Not when its first cause is a time-out
+    (not proof) or a TLS failure (the server did answer, in TLS). MLflow wraps the HTTP library's errors, which wrap
+    urllib3's (a refusal arrives as urllib3's ``NewConnectionError``, a kind of its ``ConnectTimeoutError``): the first
+    cause, at the end of the chain, tells which."""
+    import requests
+
+    chain = []
+    while error is not None and len(chain) < 10:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    if not chain or isinstance(chain[-1], (TimeoutError, ssl.SSLError)):
+        return False
+    return any(isinstance(e, requests.exceptions.ConnectionError) for e in chain)

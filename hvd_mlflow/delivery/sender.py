@@ -43,9 +43,10 @@ MIN_SEND_INTERVAL_S = 0.5
 UNANSWERED_S = 6.0
 SILENT_FACTOR = 4.0
 DOWN_GRACE_S = 3.0
-# At the end of fit, while no call has been answered (or the one in flight has waited PROBE_AFTER_S), the address is
-# asked directly, every PROBE_EVERY_S: a refused or unreachable one is known down at once (MLflow's client would
-# retry it for minutes: delivery/reachability.py).
+# At the end of fit, while no call has been answered (or the one in flight has waited PROBE_AFTER_S), the server is
+# asked directly, every PROBE_EVERY_S, with one request without retries: an address that refuses, a front that closes
+# the connection without an answer or answers 5xx is known down at once (MLflow's client would retry it for minutes:
+# delivery/reachability.py).
 PROBE_AFTER_S = 1.0
 PROBE_EVERY_S = 2.0
 # The longest the sender holds MLflow's import and the run back when the first epoch is long: a run the sender
@@ -116,13 +117,14 @@ class Sender:
         self._last_send = 0.0
         self._call_since: float | None = None  # when the server call in flight began
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
-        self._answered = False  # the server answered a call (even with a refusal)
+        self._answered = False  # the server answered a call (even with a refusal; a 5xx is no answer: no data taken)
         self._answers = 0  # how many calls it answered
-        self._refused = False  # at the end of fit, its address refused a connection (reachability.refuses)
-        self._probed_at = float("-inf")  # when the end of fit last asked the address (reachability.refuses)
+        self._unreachable = False  # at the end of fit, the server could not answer (reachability.cannot_answer)
+        self._probed_at = float("-inf")  # when the end of fit last asked the server (reachability.cannot_answer)
         self._down_since: float | None = None  # since when the end of fit has known the server down
         self._answers_when_down = 0  # the answer count then: only an answer since ends that knowledge
         self.run_id: str | None = journal.meta().run_id
+        self._job_mode = journal.meta().job_mode  # an AzureML job: what is left is kept with the job (./outputs)
         self.delivered_all = False
         self._thread = threading.Thread(target=self._loop, name="hvd-mlflow-sender", daemon=True)
 
@@ -163,10 +165,10 @@ class Sender:
         return self.run_id
 
     def server_down(self) -> bool:
-        """The sender's own evidence that the server does not answer: the circuit is open, its address refused a
-        connection at the end of fit, or the call in flight has waited :data:`UNANSWERED_S` and :data:`SILENT_FACTOR`
-        times the slowest answer so far."""
-        if self._backoff.is_open or self._refused:
+        """The sender's own evidence that the server does not answer: the circuit is open, the end of fit's probe
+        found it unable to answer (refused, closed without an answer, 5xx), or the call in flight has waited
+        :data:`UNANSWERED_S` and :data:`SILENT_FACTOR` times the slowest answer so far."""
+        if self._backoff.is_open or self._unreachable:
             return True
         since = self._call_since
         waited = time.monotonic() - since if since is not None else 0.0
@@ -174,34 +176,34 @@ class Sender:
 
     def _answered_after(self, started: float) -> None:
         self._answers += 1  # first: a probe that began before this answer sees it (_ask_address)
-        self._answered, self._refused = True, False
+        self._answered, self._unreachable = True, False
         self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
     def _probe(self) -> bool:
         """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
-        short-lived thread, whether the server's address refuses connections (reachability.refuses). True if asked."""
+        short-lived thread, whether the server can answer (reachability.cannot_answer). True if asked."""
         since = self._call_since
         waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
-        if self._refused or not (waiting or not self._answered):
+        if self._unreachable or not (waiting or not self._answered):
             return False
         threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True).start()
         return True
 
-    def address_refuses(self, wait: float = reachability.CONNECT_TIMEOUT_S + 0.5) -> bool:
-        """Whether the server's address refuses connections, asked now on a short-lived thread and waited for at most
-        ``wait`` (a slow name lookup is not an answer): if so the server is known down from now on, until it answers
-        a call."""
+    def cannot_answer(self, wait: float = reachability.TIMEOUT_S + 0.5) -> bool:
+        """Whether the server cannot answer (reachability.cannot_answer), asked now on a short-lived thread and waited
+        for at most ``wait`` (a slow name lookup is not an answer): if so it is known down from now on, until it
+        answers a call."""
         asking = threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True)
         asking.start()
         asking.join(wait)
-        return self._refused
+        return self._unreachable
 
     def _ask_address(self) -> None:
         answers = self._answers
-        if reachability.refuses(self._tracking_uri):
-            self._refused = True
+        if reachability.cannot_answer(self._tracking_uri):
+            self._unreachable = True
             if self._answers != answers:  # an answer came meanwhile (_answered_after counts before it clears)
-                self._refused = False
+                self._unreachable = False
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -282,7 +284,7 @@ class Sender:
             where = "The journal was in memory only (no writable journal directory): they are lost" + (
                 f", as are {dropped} older values it could not hold." if dropped else "."
             )
-        elif self.journal.meta().job_mode and Path(self.journal.location).parts[:1] == ("outputs",):
+        elif self._job_mode and Path(self.journal.location).parts[:1] == ("outputs",):
             where = (
                 f"They are kept in {self.journal.location}, which AzureML uploads into the job's run with ./outputs "
                 "when the job ends: download it (Studio: the job's Outputs + logs, or  az ml job download --name "
@@ -406,8 +408,9 @@ class _NoticingAnswers:
             try:
                 result = attribute(*args, **kwargs)
             except Exception as error:
-                if http_status(error) is not None:  # an HTTP answer, even a refusal, means the server is up
-                    sender._answered_after(started)
+                status = http_status(error)
+                if status is not None and status < 500:  # an answer, even a refusal, means the server is up; a 5xx
+                    sender._answered_after(started)  # (or MLflow's retries given up on them) means it cannot take data
                 raise
             finally:
                 sender._call_since = None

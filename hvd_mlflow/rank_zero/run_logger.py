@@ -152,8 +152,8 @@ class RunLogger:
     def wait_for_run_at_end(self, deadline: float) -> str | None:
         return self.sender.wait_for_run_at_end(deadline)
 
-    def address_refuses(self) -> bool:
-        return self.sender.address_refuses()
+    def cannot_answer(self) -> bool:
+        return self.sender.cannot_answer()
 
     def known_down(self) -> bool:
         """At the end of fit: the server is known down (from now on the end's grace counts)."""

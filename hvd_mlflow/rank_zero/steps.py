@@ -290,7 +290,7 @@ class RankZeroSteps:
         if run_logger.known_down():
             logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
             return
-        # not beyond the moment the server is known down (its address refuses): that ends the whole end of fit soon
+        # not beyond the moment the server is known down (it cannot answer): that ends the whole end of fit soon
         run_id = self.run_id or run_logger.wait_for_run_at_end(min(time.monotonic() + self.options.run_wait, deadline))
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
@@ -298,11 +298,11 @@ class RankZeroSteps:
         import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
 
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        # A server gone meanwhile (its address refuses, though the sender, idle, has not seen it): MLflow's client would
+        # A server gone meanwhile (it cannot answer, though the sender, idle, has not seen it): MLflow's client would
         # retry the upload until the deadline. Asked before the upload starts, so that no upload is left half-way.
-        if run_logger.address_refuses():
-            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (its address "
-                           "refuses connections)")  # fmt: skip
+        if run_logger.cannot_answer():
+            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (refused, closed "
+                           "without an answer, or 5xx)")  # fmt: skip
             return
         model_logging.log_model(
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()

@@ -46,3 +46,31 @@ def test_the_journal_is_kept_with_the_job_and_a_downloaded_copy_syncs_every_poin
         counts = check_run(client, run_id, [done.rank(0), done.rank(1)], EPOCHS)  # every point once, global values
         assert client.get_run(run_id).info.status == "RUNNING"  # the job's run stays AzureML's
     report("journal in outputs", journal=str(kept[0].relative_to(job)), **counts)
+
+
+@pytest.mark.alone  # it bounds durations
+def test_a_workspace_answering_503_costs_the_job_what_a_refusing_address_costs(tmp_path, client, mlflow_server):
+    """The workspace's MLflow front answers 503 to everything for the whole job (the real plugin's path: azureml://,
+    where no TCP probe applies), default flush_timeout: known down as fast as an address that refuses. Before, the end
+    of fit waited on MLflow's retries of every call, until flush_timeout."""
+    from hvd_mlflow.delivery.sender import DOWN_GRACE_S
+    from tests.support.mlflow_server import free_port
+
+    seconds, ends = {}, {}
+    with AzureMLFront(mlflow_server.url, tmp_path / "tls", fault=lambda request: Respond(503)) as front:
+        name = f"azureml-503-{uuid.uuid4().hex[:8]}"
+        experiment_id = client.create_experiment(name, artifact_location=front.artifact_location(name))
+        for case in ("refused", "503"):
+            run_id = client.create_run(experiment_id).info.run_id
+            env = {**front.job_environment(run_id, experiment_id), "HVD_MLFLOW_LOG_MODELS": "1"}  # defaults otherwise
+            if case == "refused":  # the same job's environment, the workspace's address closed
+                env["MLFLOW_TRACKING_URI"] = front.tracking_uri.replace(f":{front.port}/", f":{free_port()}/")
+            done = launch.run(tmp_path / case, ["--epochs", "4"], env=env).check()
+            seconds[case], ends[case] = round(done.seconds, 1), round(done.rank(0)["end_fit_s"], 2)
+            assert "hvd-mlflow sync" in done.output, done.output[-3000:]
+        assert front.requests and {r.status for r in front.requests} == {503}
+    report("azureml 503 whole job", seconds=seconds, end_fit_s=ends)
+    # both ends of fit: the sender's grace once, the plugin's own start beside it (4.2 s in both cases here), never
+    # MLflow's retries of each call until flush_timeout (before: an azureml:// URI was never probed, refused or 503)
+    assert max(ends.values()) <= DOWN_GRACE_S + 2.0, (ends, seconds)
+    assert seconds["503"] <= seconds["refused"] + 10.0, (ends, seconds)

@@ -342,6 +342,45 @@ def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_p
     assert extra <= 15.0, (healthy.seconds, down.seconds)
 
 
+@pytest.mark.parametrize("front", ["closes", "503"])
+def test_a_front_whose_server_is_dead_costs_the_training_what_a_refusing_address_costs(tmp_path, mlflow_server, client,
+                                                                                       front):  # fmt: skip
+    """A load balancer whose backend is dead, for the whole training: it accepts every connection and closes it
+    without an answer ("closes"), or answers 503 to everything ("503"). Default settings (flush_timeout 60 s, MLflow's
+    own retries, model logging on), the job's run in MLFLOW_RUN_ID. The same 6-epoch training against an address that
+    refuses connections, side by side: the front must be known down as fast (before: 82 s against 31 s, the end of
+    fit waiting on MLflow's retries and the model's upload); then the journal keeps everything and sync delivers it."""
+    defaults = {"HVD_MLFLOW_LOG_MODELS": "1"}
+    runs = {which: precreated_run(client) for which in ("refused", front)}
+    refused = launch.run(tmp_path / "refused", ["--epochs", "6"], timeout=400,
+                         env={**defaults, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+                              "MLFLOW_RUN_ID": runs["refused"]})  # fmt: skip
+    finished_ranks(refused)
+    dead = (lambda request: RESET) if front == "closes" else (lambda request: Respond(503))
+    with Proxy(mlflow_server.url, fault=dead) as proxy:
+        down = launch.run(tmp_path / "front", ["--epochs", "6"], timeout=400,
+                          env={**defaults, "MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_RUN_ID": runs[front]})  # fmt: skip
+        ranks = finished_ranks(down)
+        answered = [r.status for r in proxy.requests]
+    fit_lag = ranks[0]["fit_returned_at"] - ranks[1]["fit_returned_at"]
+    timeline = {
+        "refused_s": round(refused.seconds, 1),
+        "front_s": round(down.seconds, 1),
+        "fit_lag_s": round(fit_lag, 2),
+        "end_fit_s": ranks[0].get("end_fit_s"),
+        "requests": len(answered),
+    }
+    assert answered and set(answered) <= ({0} if front == "closes" else {503}), answered  # the front never forwarded
+    assert "hvd-mlflow sync" in down.output and "the model was not logged" in down.output, down.output[-3000:]
+    assert fit_lag <= DOWN_GRACE_S + 1.5, timeline  # as fast as a refusing address (test above)
+    assert down.seconds <= refused.seconds + 10.0, timeline
+    [journal] = journals(tmp_path / "front")
+    result = sync(tmp_path / "front", str(journal), "--tracking-uri", mlflow_server.url)  # the backend is back
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = check_run(client, runs[front], ranks, 6)
+    report(f"front_with_dead_server_{front}", **timeline, **counts)
+
+
 def test_a_server_gone_for_good_mid_run_ends_the_fit_in_seconds_model_included(tmp_path, mlflow_server, client):
     """Default settings with model logging: the run is open and answered, then the server goes away for good at the
     first metrics request, seconds before the end of fit (12 epochs of 0.5 s: the sender's MLflow import and the run's

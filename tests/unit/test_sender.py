@@ -12,7 +12,7 @@ import pytest
 from hvd_mlflow.delivery import sender as sender_module
 from hvd_mlflow.delivery.journal import FileJournal, JournalMeta, LiveJournal
 from hvd_mlflow.delivery.limits import MLFLOW
-from hvd_mlflow.delivery.reachability import refuses
+from hvd_mlflow.delivery.reachability import cannot_answer
 from hvd_mlflow.delivery.sender import Backoff, Sender
 
 # waits bounded to fractions of a second (alone); a fake client: no Keras, no MLflow version in it (once)
@@ -45,7 +45,7 @@ def fake(monkeypatch):
     client = FakeClient()
     monkeypatch.setattr("mlflow.MlflowClient", lambda uri: client)
     # "http://fake" resolves nowhere, so the end of fit's probe would find it down: it has tests of its own
-    monkeypatch.setattr(sender_module.reachability, "refuses", lambda *args, **kwargs: False)
+    monkeypatch.setattr(sender_module.reachability, "cannot_answer", lambda *args, **kwargs: False)
     return client
 
 
@@ -125,7 +125,7 @@ def test_an_address_that_refuses_connections_is_known_down_at_the_end_of_fit_wit
     refused, so only DOWN_GRACE_S is waited, not UNANSWERED_S first (before: 6 s + 3 s, whatever the call's age)."""
     from tests.support.mlflow_server import free_port
 
-    monkeypatch.setattr(sender_module.reachability, "refuses", refuses)  # the real probe
+    monkeypatch.setattr(sender_module.reachability, "cannot_answer", cannot_answer)  # the real probe
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     sender = Sender(LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=uri, run_id="run-1",
                                                                              resume="log"))), uri, MLFLOW)  # fmt: skip
@@ -155,7 +155,7 @@ def test_the_model_s_wait_for_a_run_ends_when_the_address_refuses_and_the_grace_
     counted from that moment, not again (before: run_wait, 5 s, then the probe and DOWN_GRACE_S: 8-10 s in all)."""
     from tests.support.mlflow_server import free_port
 
-    monkeypatch.setattr(sender_module.reachability, "refuses", refuses)  # the real probe
+    monkeypatch.setattr(sender_module.reachability, "cannot_answer", cannot_answer)  # the real probe
     uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     sender = Sender(LiveJournal(FileJournal.create(tmp_path, JournalMeta.new(tracking_uri=uri, run_id=None,
                                                                              resume="log"))), uri, MLFLOW)  # fmt: skip
@@ -172,29 +172,37 @@ def test_the_model_s_wait_for_a_run_ends_when_the_address_refuses_and_the_grace_
     fake.release.set()
 
 
-def test_asking_the_address_knows_a_refusing_server_down_and_a_listening_one_not(tmp_path):
-    """address_refuses (the end of fit asks it before a model upload): a closed port is known down at once, and stays
-    so for close(); a port where something listens is not."""
-    import socket
+def test_asking_the_server_knows_a_refusing_address_down_and_an_answering_server_not(tmp_path):
+    """cannot_answer (the end of fit asks it before a model upload): a closed port is known down at once, and stays
+    so for close(); a server that answers is not."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     from tests.support.mlflow_server import free_port
 
-    for listening in (False, True):
-        server = socket.socket()
-        server.bind(("127.0.0.1", 0 if listening else free_port()))
-        if listening:
-            server.listen()
-        uri = f"http://127.0.0.1:{server.getsockname()[1]}"
-        if not listening:
-            server.close()
-        sender = Sender(LiveJournal(FileJournal.create(tmp_path / str(listening), JournalMeta.new(tracking_uri=uri,
-                        run_id="run-1", resume="log"))), uri, MLFLOW)  # fmt: skip
-        start = time.monotonic()
-        assert sender.address_refuses() is (not listening)
-        assert time.monotonic() - start < 1.0
-        assert sender.server_down() is (not listening)
-        if listening:
-            server.close()
+    class Ok(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Ok)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        for answering, port in ((False, free_port()), (True, httpd.server_address[1])):
+            uri = f"http://127.0.0.1:{port}"
+            sender = Sender(LiveJournal(FileJournal.create(tmp_path / str(answering), JournalMeta.new(
+                tracking_uri=uri, run_id="run-1", resume="log"))), uri, MLFLOW)  # fmt: skip
+            start = time.monotonic()
+            assert sender.cannot_answer() is (not answering)
+            assert time.monotonic() - start < 1.0
+            assert sender.server_down() is (not answering)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 def test_known_down_at_the_end_of_fit_stays_down_for_close_whatever_a_new_attempt_does(tmp_path, fake):
