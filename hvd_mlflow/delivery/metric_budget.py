@@ -16,10 +16,18 @@ Names the run already holds count first (they are there for good). The budget is
 epoch end (the first journal entry with epoch values), by whoever uploads the journal (rank 0's sender, or
 ``hvd-mlflow sync``); a name first seen later gets a place while one is left. A name that does not fit is not sent
 as a metric: its values go to a CSV artifact, and one warning names them all.
+
+The user may log names of their own later (a callback's score, a test score after ``fit``): hvd-mlflow's optional
+names (rank spread, batch curves, system metrics) never take the last tenth of the places
+(:func:`user_reserve`), less the user's names already known. And the run never passes its limit whoever logs:
+:class:`RunNames` is this process's one record of the names a run holds, shared by the sender's budget and the
+user's own calls on rank 0 (:mod:`hvd_mlflow.delivery.mlflow_calls`), which admit a new user name only while a place
+is left (else its values go to a CSV artifact too).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 
 EXTRAS = ("learning_rate", "epoch_time_s", "samples_per_s")  # what hvd-mlflow adds to every epoch
@@ -52,6 +60,58 @@ def is_epoch_name(name: str) -> bool:
     return not name.startswith(BATCH_PREFIX)
 
 
+def user_reserve(limit: int | None) -> int:
+    """How many places hvd-mlflow's optional names leave for the names the user logs later: a tenth of the limit."""
+    return (limit or 0) // 10
+
+
+class RunNames:
+    """The metric names one run holds, as this process knows them (what the run held when read, what the budget
+    admitted, the names the user's own calls sent), within ``limit``: the sender's thread and the user's thread (rank
+    0) both add to it, under one lock.
+
+    Example::
+
+        names = run_names("run-1", limit=2)
+        names.admit("loss"), names.admit("user_score"), names.admit("third")  # True, True, False
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.names: set[str] = set()
+        self.lock = threading.RLock()
+
+    def admit(self, name: str, keep_free: int = 0) -> bool:
+        """Whether ``name`` is (or now becomes) one of the run's names, ``keep_free`` places left over."""
+        with self.lock:
+            if name in self.names:
+                return True
+            if self.limit is None or len(self.names) + keep_free < self.limit:
+                self.names.add(name)
+                return True
+            return False
+
+
+_runs: dict[str, RunNames] = {}
+_runs_lock = threading.Lock()
+
+
+def run_names(run_id: str | None, limit: int | None) -> RunNames:
+    """This process's record of ``run_id``'s names (a new one per call when the run is not known yet)."""
+    if not run_id:
+        return RunNames(limit)
+    with _runs_lock:
+        found = _runs.setdefault(run_id, RunNames(limit))
+        found.limit = limit
+        return found
+
+
+def known_run(run_id: str | None) -> RunNames | None:
+    """The record of a run hvd-mlflow logs (or logged) into from this process, if any: the user's calls check it."""
+    with _runs_lock:
+        return _runs.get(run_id) if run_id else None
+
+
 class MetricBudget:
     """Which metric names one run logs, within ``limit`` names (``None``: no limit).
 
@@ -64,17 +124,26 @@ class MetricBudget:
     """
 
     def __init__(
-        self, limit: int | None, existing: Iterable[str] = (), user_names: Iterable[str] = (), settled: bool = True
+        self,
+        limit: int | None,
+        existing: Iterable[str] = (),
+        user_names: Iterable[str] = (),
+        settled: bool = True,
+        names: RunNames | None = None,
     ) -> None:
         self.limit = limit
         self._user = set(user_names)
-        self._admitted: set[str] = set(existing) | self._user  # the run holds them, or the user logs them
+        self._names = names if names is not None else RunNames(limit)  # shared with the user's calls (rank 0)
+        self._names.limit = limit
+        with self._names.lock:
+            self._names.names.update(set(existing) | self._user)  # the run holds them, or the user logs them
+        self._reserve = max(0, user_reserve(limit) - len(self._user))  # places the optional names leave free
         self.over: list[str] = []
         self.settled = limit is None and settled
 
     @property
     def used(self) -> int:
-        return len(self._admitted)
+        return len(self._names.names)
 
     def settle(self, names: Iterable[str]) -> None:
         """Give the room left to ``names`` in priority order (stable within a rank of the order). A ``batch/<key>``
@@ -87,16 +156,15 @@ class MetricBudget:
 
     def admits(self, name: str) -> bool:
         """Whether ``name`` is logged as a metric (placing a name not seen yet, while room is left)."""
-        if self.limit is None or name in self._admitted:
+        if self.limit is None or name in self._names.names:
             return True
         if name not in self.over:
             self._place(name)
-        return name in self._admitted
+        return name in self._names.names
 
     def _place(self, name: str) -> None:
-        if name in self._admitted or name in self.over:
+        if name in self._names.names or name in self.over:
             return
-        if self.limit is None or len(self._admitted) < self.limit:
-            self._admitted.add(name)
-        else:
+        optional = rank_of(name, self._user) in (SPREAD, BATCH, SYSTEM)
+        if not self._names.admit(name, keep_free=self._reserve if optional else 0):
             self.over.append(name)

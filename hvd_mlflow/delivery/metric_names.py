@@ -15,7 +15,7 @@ from ..common.redact import redact
 from .batching import EpochRecord
 from .journal import Entry, Journal
 from .limits import Limits
-from .metric_budget import MetricBudget, is_epoch_name
+from .metric_budget import MetricBudget, is_epoch_name, run_names
 from .over_budget_csv import OverBudgetCsv
 from .run_lifecycle import RunLifecycle
 
@@ -60,7 +60,9 @@ class MetricNames:
         final = self.final or bool(self.journal.meta().final_status) or window_full
         if final or any(is_epoch_name(k) for e in metrics for k in e.payload):
             existing = self.run.contents.metric_names if self.run.contents else set()
-            self.budget = MetricBudget(self.limits.metric_names_per_run, existing, self._user_metric_names())
+            limit = self.limits.metric_names_per_run
+            shared = run_names(self.run.run_id, limit)  # the user's own calls on rank 0 check the same record
+            self.budget = MetricBudget(limit, existing, self._user_metric_names(), names=shared)
             self.budget.settle(k for e in metrics for k in e.payload)
             self.warn_over_budget()
         return self.budget or MetricBudget(0, settled=False)

@@ -33,12 +33,14 @@ import inspect
 import os
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .._log import warn_once
 from ..common import topology
-from . import destination, stand_ins
+from . import destination, metric_budget, stand_ins
 
 FLUENT_WRITERS = (
     "log_metric", "log_metrics", "log_param", "log_params", "set_tag", "set_tags", "delete_tag", "log_artifact",
@@ -129,6 +131,59 @@ def _note_user_metrics(name: str, args: tuple[Any, ...], kwargs: dict[str, Any])
         return
 
 
+_METRIC_WRITES = ("MlflowClient.log_metric", "MlflowClient.log_batch")  # where every fluent metric write ends
+
+
+def _within_run_budget(
+    name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
+    """The user's own metric write on rank 0, into a run hvd-mlflow logs into here with a name limit (AzureML: 50):
+    a name new to the run goes through only while a place is left (metric_budget.RunNames, shared with the sender's
+    budget); the values of the others are not sent as metrics but kept in a CSV artifact, with one warning. Returns
+    the call's arguments without them, and whether nothing is left to send. Never raises: bookkeeping that fails lets
+    the call through as it was."""
+    try:
+        call = stand_ins.arguments(original, args, kwargs)
+        names = metric_budget.known_run(str(call.get("run_id") or ""))
+        if names is None or names.limit is None:
+            return args, kwargs, False
+        if name == "MlflowClient.log_metric":
+            if names.admit(str(call["key"])):
+                return args, kwargs, False
+            from mlflow.entities import Metric
+
+            step = call.get("step") or 0
+            timestamp = call.get("timestamp") or int(time.time() * 1000)
+            _hold(args[0], call, names, [Metric(str(call["key"]), float(call["value"]), int(timestamp), int(step))])
+            return args, kwargs, True
+        metrics = list(call.get("metrics") or ())
+        kept = [m for m in metrics if names.admit(m.key)]
+        if len(kept) == len(metrics):
+            return args, kwargs, False
+        _hold(args[0], call, names, [m for m in metrics if m not in kept])
+        call["metrics"] = kept
+        return args[:1], call, not (kept or call.get("params") or call.get("tags"))
+    except Exception as error:  # noqa: BLE001 - the user's call goes on as it was
+        warn_once("user-budget", "hvd-mlflow: could not check your metric names against the run's limit (%s: %s)",
+                  type(error).__name__, error)  # fmt: skip
+        return args, kwargs, False
+
+
+def _hold(client: Any, call: Mapping[str, Any], names: metric_budget.RunNames, metrics: list[Any]) -> None:
+    """The user's values of names that do not fit in the run: one CSV artifact (name, step, value, timestamp) in the
+    run, written now, under a name of its own (AzureML never overwrites an artifact), and one warning per name."""
+    for metric in metrics:
+        warn_once(f"user-over-budget:{metric.key}",
+                  "hvd-mlflow: this run keeps at most %d metric names and holds %d: your metric %r is not logged as a "
+                  "metric; its values are kept in the artifact hvd_mlflow/user-metrics-over-budget-*.csv. Log fewer "
+                  "names (rank_spread, log_every_n_steps) or set max_metric_names.",
+                  names.limit, len(names.names), metric.key)  # fmt: skip
+    rows = "".join(f"{m.key},{m.step},{m.value!r},{m.timestamp}\n" for m in metrics)
+    path = f"hvd_mlflow/user-metrics-over-budget-{uuid.uuid4().hex[:12]}.csv"
+    with internal():
+        client.log_text(call["run_id"], "name,step,value,timestamp\n" + rows, path)
+
+
 StandIn = Callable[[Mapping[str, Any]], Any]  # the call's arguments by name -> what other ranks return
 
 
@@ -139,6 +194,10 @@ def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():
             _note_user_metrics(name, args, kwargs)
+            if name in _METRIC_WRITES and not getattr(_local, "internal", False):
+                args, kwargs, nothing_left = _within_run_budget(name, original, args, kwargs)
+                if nothing_left:
+                    return None
             return original(*args, **kwargs)
         _warn(name)
         return elsewhere(stand_ins.arguments(original, args, kwargs)) if elsewhere is not None else None

@@ -84,6 +84,27 @@ def test_over_50_metric_names_the_run_keeps_50_every_keras_metric_whole_and_the_
            names_in_csv=len(held), values_in_csv=sum(len(v) for v in held.values()), rejected_by_front=0)  # fmt: skip
 
 
+def test_the_user_s_own_names_during_and_after_fit_keep_the_run_within_50_names(tmp_path, client, front):
+    """The budget case with the user's own mlflow.log_metric on rank 0: user_score at every epoch end (after
+    hvd-mlflow's), then test_score, test_loss and test_auc after fit. Before, the run held 51 names and more (the
+    budget had filled the 50 with hvd-mlflow's own before the user's names came)."""
+    epochs = 3
+    run_id, ranks, done = job(client, front, tmp_path, ["many-metrics", "--epochs", str(epochs), "--user-scores"])
+    names = set(client.get_run(run_id).data.metrics)
+    keras_names = set(ranks[0]["local"][0][0])
+    assert len(names) <= 50 and front.over_limit == [], len(names)  # whoever logs, never past AzureML's 50
+    assert keras_names <= names  # Keras' epoch metrics keep their places
+    for key in keras_names:
+        assert history(client, run_id, key) == pytest.approx(dict(enumerate(ranks[0]["history"][key])), rel=1e-6)
+    # the user's names come before hvd-mlflow's optional ones: every value of each
+    assert history(client, run_id, "user_score") == {e: 100.0 + e for e in range(epochs)}
+    assert {k: history(client, run_id, k) for k in ("test_score", "test_loss", "test_auc")} == {
+        "test_score": {0: 0.75}, "test_loss": {0: 0.5}, "test_auc": {0: 0.8}}
+    held = over_budget_rows(front, run_id)  # hvd-mlflow's optional names that did not fit, every value
+    assert held and not set(held) & names
+    report("azureml_metric_budget_user_names", names_in_run=len(names), limit=50, names_in_csv=len(held))
+
+
 def test_a_resume_with_60_changed_params_keeps_within_50_tags(tmp_path, client, front):
     name = f"azureml-resume-{uuid.uuid4().hex[:8]}"
     experiment_id = client.create_experiment(name, artifact_location=front.artifact_location(name))

@@ -26,3 +26,17 @@ def test_a_name_first_seen_later_gets_a_place_while_one_is_left():
 def test_no_limit_admits_everything():
     budget = MetricBudget(limit=None)
     assert budget.settled and all(budget.admits(f"m{i}") for i in range(500)) and budget.over == []
+
+
+def test_the_optional_names_leave_a_tenth_of_the_places_for_the_user_s_later_names():
+    from hvd_mlflow.delivery.metric_budget import run_names
+
+    names = run_names("run-reserve", limit=20)
+    budget = MetricBudget(limit=20, user_names={"dataset_size"}, names=names)  # 2 kept, 1 taken by dataset_size
+    keras = [f"m{i}" for i in range(8)] + [f"val_m{i}" for i in range(8)]
+    budget.settle([*keras, "learning_rate", "m0_rank_min", "m0_rank_max", "batch/m0", "batch/m1"])
+    assert all(budget.admits(k) for k in keras) and budget.admits("learning_rate")  # 18 with dataset_size
+    assert budget.admits("m0_rank_min")  # the 19th place: 1 still free for the user
+    assert not budget.admits("m0_rank_max") and budget.over[0] == "m0_rank_max"  # it would take the user's place
+    assert names.admit("user_score")  # the user's later name: the place kept
+    assert not names.admit("test_score") and len(names.names) == 20  # never past the limit, whoever logs

@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--epoch-sleep", type=float, default=0.0)
     parser.add_argument("--params", type=int, default=0)
     parser.add_argument("--param-value", default="1")
+    parser.add_argument("--user-scores", action="store_true", help="rank 0: user_score each epoch, test_* after")
     args = parser.parse_args()
     hvd.init()
     rank = hvd.rank()
@@ -108,8 +109,21 @@ def main() -> None:
         def on_epoch_begin(self, epoch, logs=None):
             time.sleep(args.epoch_sleep)  # stands for real compute
 
+    class UserScore(keras.callbacks.Callback):  # the user's own metric, logged after hvd-mlflow's epoch end
+        def on_epoch_end(self, epoch, logs=None):
+            if rank == 0:
+                import mlflow
+
+                mlflow.log_metric("user_score", 100.0 + epoch, step=epoch)
+
+    callbacks = [Sleep(), *([UserScore()] if args.user_scores else [])]
     history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
-                        callbacks=[Sleep()])  # fmt: skip
+                        callbacks=callbacks)  # fmt: skip
+    if args.user_scores and rank == 0:  # a test score, after fit, as many scripts end
+        import mlflow
+
+        mlflow.log_metric("test_score", 0.75)
+        mlflow.log_metrics({"test_loss": 0.5, "test_auc": 0.8})
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
     record["finished"] = True
     record.save()
