@@ -99,7 +99,10 @@ def test_the_user_s_own_names_during_and_after_fit_keep_the_run_within_50_names(
     # the user's names come before hvd-mlflow's optional ones: every value of each
     assert history(client, run_id, "user_score") == {e: 100.0 + e for e in range(epochs)}
     assert {k: history(client, run_id, k) for k in ("test_score", "test_loss", "test_auc")} == {
-        "test_score": {0: 0.75}, "test_loss": {0: 0.5}, "test_auc": {0: 0.8}}
+        "test_score": {0: 0.75},
+        "test_loss": {0: 0.5},
+        "test_auc": {0: 0.8},
+    }
     held = over_budget_rows(front, run_id)  # hvd-mlflow's optional names that did not fit, every value
     assert held and not set(held) & names
     report("azureml_metric_budget_user_names", names_in_run=len(names), limit=50, names_in_csv=len(held))
