@@ -1,6 +1,6 @@
 """The end of scripts/setup-env.sh: the pinned stack imports together (Horovod against this TensorFlow), and Horovod
 has the controllers the environment promises (``check_environment.py mpi-gloo``: MPI and Gloo; ``none``: a row
-without Horovod, where it must not be importable)."""
+without Horovod, where it must not be importable); in the JAX row, Keras 3 on JAX without TensorFlow."""
 
 from __future__ import annotations
 
@@ -9,7 +9,21 @@ import sys
 
 import mlflow
 import numpy
-import tensorflow as tf
+
+if importlib.util.find_spec("tensorflow") is None:  # the JAX row: Keras 3 on JAX, and nothing of TensorFlow
+    import os
+
+    os.environ.setdefault("KERAS_BACKEND", "jax")  # Keras 3's default backend is TensorFlow's
+    import jax
+    import keras
+
+    if importlib.util.find_spec("horovod") is not None:
+        sys.exit("horovod is installed in a row that must run without it")
+    print(f"keras {keras.__version__} on jax {jax.__version__} | no tensorflow, no horovod | mlflow "
+          f"{mlflow.__version__} | numpy {numpy.__version__}", file=sys.stderr)  # fmt: skip
+    sys.exit(0)
+
+import tensorflow as tf  # noqa: E402
 
 if len(sys.argv) > 1 and sys.argv[1] == "none":
     if importlib.util.find_spec("horovod") is not None:

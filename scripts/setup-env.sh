@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Create (or bring up to date) a virtual environment for one row of the support matrix.
 #
-#   scripts/setup-env.sh [tf2.16|newest|oldest|tfdistribute]   # default tf2.16; prints the venv's path last
+#   scripts/setup-env.sh [tf2.16|newest|oldest|tfdistribute|jax]   # default tf2.16; prints the venv's path last
 #
 # The rows (docs/support-matrix.md): tf2.16 = AzureML today (.venv), newest = plain MLflow, newest (.venv-newest),
 # oldest = the oldest versions declared (.venv-oldest), tfdistribute = tf.distribute on the newest TensorFlow, no
-# Horovod (.venv-tfdistribute).
+# Horovod (.venv-tfdistribute), jax = Keras 3 on JAX, no TensorFlow (.venv-jax).
 # Everything is pinned by requirements/<matrix>.txt, used as a constraints file in every pip call. A line
 #   # setup-env: python=python3.10 controllers=gloo extras=test,azureml
 # in that file picks the Python, Horovod's controllers and hvd-mlflow's extras (defaults: python3.11; mpi-gloo for
@@ -52,8 +52,12 @@ pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@"; }
 pip install -c "$constraints" pip setuptools wheel
 
 tf=$(pin tensorflow-cpu)
-log "installing tensorflow-cpu==$tf"
-pip install -c "$constraints" "tensorflow-cpu==$tf"
+if [ -n "$tf" ]; then
+  log "installing tensorflow-cpu==$tf"
+  pip install -c "$constraints" "tensorflow-cpu==$tf"
+else
+  log "no tensorflow in this row"
+fi
 if grep -q '^tf-keras==' "$constraints"; then
   pip install -c "$constraints" --no-deps "tf-keras==$(pin tf-keras)"
 fi

@@ -32,7 +32,7 @@ export HVD_MLFLOW_SUITE="$$-$start"  # marks every process the suite starts (che
 # Apt runs one at a time (setup-env.sh and the chromium install below share a lock). Each row keeps its own output,
 # shown once it is done.
 side=$(mktemp -d)
-rows=(tf2.16 newest oldest tfdistribute)
+rows=(tf2.16 newest oldest tfdistribute jax)
 declare -A setup_pid
 for matrix in "${rows[@]}"; do
   scripts/setup-env.sh "$matrix" >"$side/$matrix.path" 2>"$side/$matrix.log" &
@@ -62,6 +62,7 @@ venv=$(tail -n 1 "$side/tf2.16.path")
 venv_newest=$(tail -n 1 "$side/newest.path")
 venv_oldest=$(tail -n 1 "$side/oldest.path")
 venv_tfd=$(tail -n 1 "$side/tfdistribute.path")
+venv_jax=$(tail -n 1 "$side/jax.path")
 wait "$chromium_setup" || { cat "$side/chromium.log"; exit 1; }
 trap - EXIT
 cat "$side/chromium.log"
@@ -109,17 +110,20 @@ run_suite() {  # label python markers [VAR=value...] (phases=alone: the row has 
 # from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without it, every rank of each of
 # a row's jobs imports TensorFlow anew.
 zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
-run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute" \
+run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute and not jax" \
   TF_USE_LEGACY_KERAS=0 "$zygotes"
 run_suite azureml "$venv/bin/python" \
-  "not tfdistribute and (multinode or mpirun or azureml or not (faults or browser or docs or once))" \
+  "not tfdistribute and not jax and (multinode or mpirun or azureml or not (faults or browser or docs or once))" \
   TF_USE_LEGACY_KERAS=1 "$zygotes"
-run_suite oldest "$venv_oldest/bin/python" "not tfdistribute and (mpirun or not (faults or browser or docs or once or \
+run_suite oldest "$venv_oldest/bin/python" "not tfdistribute and not jax and (mpirun or not (faults or browser or docs or once or \
 multinode)) and (oldest or azureml or mpirun or not multirank)" TF_USE_LEGACY_KERAS=0 "$zygotes"
 # The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).
 # tests/conftest.py makes every test marked "tfdistribute" run alone (workers): no shared phase, whose collection
 # alone costs ~17 s.
 phases=alone run_suite tfdistribute "$venv_tfd/bin/python" "tfdistribute" TF_USE_LEGACY_KERAS=1
+# Keras 3 on JAX without TensorFlow (marked "jax"): one process, and keras.distribution across processes
+# (docs/support-matrix.md). No TensorFlow in this row: its tests import none.
+run_suite jax "$venv_jax/bin/python" "jax" KERAS_BACKEND=jax
 
 echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)

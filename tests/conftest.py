@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from tests.support.mlflow_server import MlflowServer
 
 os.environ.setdefault("HVD_MLFLOW_TESTING", "1")  # rank 0's guard re-raises: no bug hides behind a warning
 os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it on: a model save costs seconds
+# The JAX row has no TensorFlow: only its own tests (tests/jax) are collected there, the others import TensorFlow.
+if importlib.util.find_spec("tensorflow") is None:
+    _OWN = ("jax", "support", "workers", "__pycache__")
+    collect_ignore_glob = [f"{f.name}/*" for f in Path(__file__).parent.iterdir() if f.is_dir() and f.name not in _OWN]
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 

@@ -59,7 +59,7 @@ def test_one_process_on_jax_logs_into_the_job_s_run_as_on_tensorflow(tmp_path, m
     history = out["history"]
     for key, values in history.items():
         points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
-        assert [s for s, _ in points] == list(range(EPOCHS)), key  # one point per epoch
+        assert [s for s, _ in points] == list(range(EPOCHS)), (key, out["stderr"][-3000:])  # one point per epoch
         assert [v for _, v in points] == pytest.approx(values, rel=1e-6), key  # Keras' own value
     for step in range(EPOCHS):
         [samples] = [m.value for m in client.get_metric_history(run_id, "samples_per_s") if m.step == step]
