@@ -10,7 +10,9 @@ resolves nowhere: the server cannot take data now. Any answer below 500 (even 40
 that only takes long proves nothing. The question is MLflow's own read of experiment 0, sent through MLflow's REST
 layer with the tracking store's own credentials (``MLFLOW_TRACKING_TOKEN``, the azureml-mlflow plugin's workspace path
 and token for an ``azureml://`` URI), so it goes where MLflow's requests go, the same way (proxies, CA bundle, TLS
-settings), with ``max_retries=0``. Runs on rank 0 alone (the sender asks it from a thread of its own, so that a slow
+settings), with ``max_retries=0``. The probe never imports MLflow itself: until the sender's thread has imported it,
+the question is one plain GET of an HTTP(S) server's URL through ``requests`` (the same proxies and CA bundle), and an
+``azureml://`` URI is not asked yet. Runs on rank 0 alone (the sender asks it from a thread of its own, so that a slow
 name lookup never holds up the end of ``fit``), decides no collective, and never raises.
 
 Example::
@@ -21,8 +23,8 @@ Example::
 from __future__ import annotations
 
 import ssl
-from typing import Any
-from urllib.parse import urlsplit
+import sys
+from urllib.parse import urlsplit, urlunsplit
 
 TIMEOUT_S = 1.0
 PROBE_ENDPOINT = "/api/2.0/mlflow/experiments/get"  # a read every MLflow tracking server serves (experiment 0)
@@ -33,28 +35,48 @@ def cannot_answer(tracking_uri: str | None, timeout: float = TIMEOUT_S) -> bool:
     nowhere, the connection is closed without an answer, or the answer is 500 or more. False when it answers below 500,
     when the question only takes long (a lost packet, a busy host: not proof), or when it does not apply (a file or
     database store)."""
+    scheme = urlsplit(tracking_uri or "").scheme
+    if scheme not in ("http", "https", "azureml"):
+        return False
     try:
-        credentials = _host_credentials(tracking_uri)
-        if credentials is None:
-            return False
+        if not _imported("mlflow", "mlflow.utils.rest_utils", "mlflow.tracking._tracking_service.utils"):
+            return _plain(tracking_uri, timeout) if scheme != "azureml" else False
+        from mlflow.tracking._tracking_service.utils import _get_store
         from mlflow.utils.rest_utils import http_request
 
-        answer = http_request(credentials, PROBE_ENDPOINT, "GET", max_retries=0, timeout=timeout,
+        get = getattr(_get_store(tracking_uri), "get_host_creds", None)
+        if not callable(get):
+            return False
+        answer = http_request(get(), PROBE_ENDPOINT, "GET", max_retries=0, timeout=timeout,
                               raise_on_status=False, params={"experiment_id": "0"})  # fmt: skip
         return answer.status_code >= 500
     except Exception as error:  # noqa: BLE001 - a probe never raises: only a plain "no answer" is proof
         return _no_answer(error)
 
 
-def _host_credentials(tracking_uri: str | None) -> Any:
-    """The REST store's host and credentials for ``tracking_uri`` (MLflow's server, the plugin's AzureML workspace),
-    or ``None`` where the store is not a server."""
-    if urlsplit(tracking_uri or "").scheme not in ("http", "https", "azureml"):
-        return None
-    from mlflow.tracking._tracking_service.utils import _get_store
+def _imported(*names: str) -> bool:
+    """Whether these modules are imported, whole: the probe never imports MLflow itself (the sender's thread may be
+    importing it, and two threads importing MLflow's modules at once can leave one of them half-initialised)."""
+    for name in names:
+        module = sys.modules.get(name)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            return False
+    return True
 
-    get = getattr(_get_store(tracking_uri), "get_host_creds", None)
-    return get() if callable(get) else None
+
+def _plain(tracking_uri: str, timeout: float) -> bool:
+    """Before MLflow is imported: one plain GET of an HTTP(S) server's URL (without its credentials), through the same
+    proxies and CA bundle (``requests``, as MLflow's own)."""
+    import requests
+
+    parts = urlsplit(tracking_uri)
+    netloc = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    url = urlunsplit((parts.scheme, netloc or "", parts.path or "/", "", ""))
+    try:
+        with requests.get(url, timeout=timeout, allow_redirects=False, stream=True) as answer:
+            return answer.status_code >= 500
+    except Exception as error:  # noqa: BLE001 - a probe never raises
+        return _no_answer(error)
 
 
 def _no_answer(error: BaseException | None) -> bool:
