@@ -132,6 +132,7 @@ ROWS = (
     Row("newest", "plain MLflow, newest", "3.11", "2.18.1", "keras 3", "3.17.2", None),
     Row("oldest", "oldest supported", "3.10", "2.15.1", "keras 2", "2.12.2", "1.56.0"),
     Row("tfdistribute", "tf.distribute, newest TensorFlow", "3.11", "2.21.0", "tf_keras 2", "3.15.0", "1.62.0.post6"),
+    Row("jax", "Keras 3 on JAX, no TensorFlow", "3.11", "", "keras 3", "3.15.0", "1.62.0.post6"),
 )
 OLDEST = "oldest"  # the row of setup.cfg's lower bounds
 

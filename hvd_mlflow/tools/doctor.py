@@ -185,8 +185,9 @@ def environment_row(plugin: str | None) -> compat.Row:
     python = ".".join(platform.python_version_tuple()[:2])
     try:
         import tensorflow as tf
-    except ImportError:
-        return compat.Row("here", "this environment", python, "", "", _mlflow_version(), plugin)
+    except ImportError:  # Keras 3 on another backend (the JAX row), or no Keras at all
+        keras = "keras 3" if _backend() not in ("", "tensorflow") else ""
+        return compat.Row("here", "this environment", python, "", keras, _mlflow_version(), plugin)
     flavour = keras_flavour.of_tf_keras()
     keras = f"{flavour} {keras_flavour.version(flavour).split('.')[0]}"
     return compat.Row("here", "this environment", python, tf.__version__, keras, _mlflow_version(), plugin)
