@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from hvd_mlflow.delivery import reachability
 from hvd_mlflow.delivery.reachability import cannot_answer
 from tests.support.mlflow_server import free_port
 
@@ -50,6 +53,18 @@ def no_proxy(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True, params=["through MLflow", "before MLflow is imported"])
+def path(request, monkeypatch):
+    """Every question both ways: through MLflow's REST layer, and as one plain GET while the sender's thread has not
+    imported MLflow yet (the probe never imports it itself)."""
+    import mlflow.tracking._tracking_service.utils  # noqa: F401 - the first way needs MLflow imported whole
+    import mlflow.utils.rest_utils  # noqa: F401
+
+    if request.param != "through MLflow":
+        monkeypatch.setattr(reachability, "_imported", lambda *names: False)
+    return request.param
+
+
 def test_a_closed_port_a_closing_front_and_a_5xx_cannot_answer_any_answer_below_500_can():
     assert cannot_answer(f"http://127.0.0.1:{free_port()}")  # refused
     with server(None) as url:
@@ -88,3 +103,35 @@ def test_behind_a_proxy_the_probe_goes_through_it_as_mlflow_s_requests_do(monkey
     with server(502) as proxy:  # the proxy says its upstream is gone
         monkeypatch.setenv("HTTP_PROXY", proxy)
         assert cannot_answer(target) is True
+
+
+def test_while_mlflow_is_being_imported_the_probe_does_not_import_it(monkeypatch, path):
+    """A module still executing (another thread importing it) counts as not imported: the probe then takes the plain
+    way, or, for an ``azureml://`` URI (whose address only the plugin knows), proves nothing yet."""
+    if path != "through MLflow":
+        pytest.skip("one way is enough")
+    import mlflow.utils.rest_utils
+
+    monkeypatch.setattr(mlflow.utils.rest_utils.__spec__, "_initializing", True, raising=False)
+    assert reachability._imported("mlflow", "mlflow.utils.rest_utils") is False
+    monkeypatch.setattr(reachability, "_plain", lambda uri, timeout: pytest.fail("azureml:// asked the plain way"))
+    assert cannot_answer("azureml://127.0.0.1:9/mlflow/v1.0/subscriptions/s/resourceGroups/g/workspaces/w") is False
+
+
+def test_before_mlflow_is_imported_the_probe_answers_without_importing_it(path):
+    """A fresh process (the sender's thread has not imported MLflow yet): the probe answers at once, from a refused
+    address and a front closing every connection, and leaves MLflow unimported (an import there would race the
+    sender's own, and take longer than the end of fit waits for the answer)."""
+    if path != "through MLflow":
+        pytest.skip("one way is enough")
+    code = (
+        "import sys, time; from hvd_mlflow.delivery.reachability import cannot_answer; "
+        "t = time.monotonic(); down = [cannot_answer(u) for u in sys.argv[1:]]; "
+        "print(down, round(time.monotonic() - t, 2), 'mlflow' in sys.modules)"
+    )
+    with server(None) as closing, server(200) as up:
+        argv = [f"http://127.0.0.1:{free_port()}", closing, up]
+        out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    down, took, imported = out.stdout.rsplit(" ", 2) if out.stdout else ("", "", "")
+    assert (down, imported.strip()) == ("[True, True, False]", "False"), out.stdout + out.stderr[-2000:]
+    assert float(took) < 1.5, took
