@@ -81,7 +81,7 @@ class RunLogger:
         names = self._param_names(params)
         clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()
                  if k in names}  # fmt: skip
-        over = {k: str(v) for k, v in params.items() if k not in names}
+        over = {k: redact(str(v)) for k, v in params.items() if k not in names}  # an artifact: never a secret
         if over:
             warn_once(
                 "param-collision:" + ",".join(sorted(over)),
@@ -118,7 +118,7 @@ class RunLogger:
         names = self._tag_names(tags)
         clean = {names[k]: self._fit(f"tag {k!r}", str(v), self.limits.tag_value_length) for k, v in tags.items()
                  if k in names}  # fmt: skip
-        collided = {k: str(v) for k, v in tags.items() if k not in names}
+        collided = {k: redact(str(v)) for k, v in tags.items() if k not in names}  # an artifact: never a secret
         if collided:
             path = f"hvd_mlflow/tags-{self.journal.meta().journal_id[:12]}.json"
             warn_once("tag-collision", "hvd-mlflow: tag keys %s become the same key once cleaned; they are kept "

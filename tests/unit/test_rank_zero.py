@@ -24,3 +24,25 @@ def test_under_the_test_suite_the_guard_re_raises(monkeypatch):
     guard = RankZeroGuard(logging_off=lambda: None)
     with pytest.raises(RuntimeError, match="boom"), guard.step("params"):
         raise RuntimeError("boom")
+
+
+def test_params_and_tags_whose_names_collide_go_to_their_artifact_redacted(tmp_path, monkeypatch):
+    """Two names that clean to one (``a@b``, ``a#b``) keep their own names in a JSON artifact: their values are
+    masked there as everywhere else hvd-mlflow writes (a credential in a URI, a secret variable's value)."""
+    from hvd_mlflow.delivery.destination import Destination
+    from hvd_mlflow.rank_zero.run_logger import RunLogger
+
+    monkeypatch.setenv("HVD_MLFLOW_TESTING", "1")
+    monkeypatch.setenv("MY_API_TOKEN", "tok-1234567890")
+    dest = Destination(tracking_uri="http://127.0.0.1:9", run_id="r1", experiment_id=None, experiment_name=None,
+                       job_mode=False)  # fmt: skip
+    logger = RunLogger(dest, tmp_path)
+    try:
+        logger.log_params({"db@uri": "postgresql://user:hunter2@db:5432/x", "db#uri": "tok-1234567890"})
+        logger.log_tags({"t@k": "https://u:pw@h/x", "t#k": "plain"})
+        artifacts = [e.payload for e in logger.journal.pending() if e.kind == "artifact"]
+    finally:
+        logger.stop()
+    text = repr(artifacts)
+    assert artifacts and "hunter2" not in text and "tok-1234567890" not in text and "pw@" not in text, text
+    assert "plain" in text  # what is not a secret stays
