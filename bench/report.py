@@ -180,13 +180,19 @@ def tables(results: dict[str, dict]) -> str:
             lines.append(f"| {keys} | {red['fused']:.0f} µs | {red['per_key']:.0f} µs | {red['speedup']:.0f}x |")
         v, m = r["visibility"], r["memory"]
         rss = ", ".join(f"{s['rss_mb']:.0f} MB after {s['epoch']}" for s in m["samples"])
+        slope = m.get("slope")
+        slope = (f" ({slope['bytes_per_epoch']:+.0f} bytes per epoch after the first {slope['warmup_epochs']}, "
+                 f"{m['epoch_s'] * 1000:.0f} ms apart; the sender failed {m['sender_failures']} attempts)"
+                 if slope else "")  # fmt: skip
+        sync = ("not run (quick)" if m["sync_s"] is None else
+                f"then uploaded it in {m['sync_s']:.0f} s ({m['points_after_sync']} points per metric)")  # fmt: skip
         lines += [
             "",
             f"- Epoch end to point readable on the server: median {v['median_s'] * 1000:.0f} ms, "
             f"max {v['max_s'] * 1000:.0f} ms ({v['samples']} samples, healthy local server).",
-            f"- Server down for {m['epochs']} epochs x {m['metrics']} metrics: rank 0's resident memory {rss} epochs; "
-            f"journal {m['journal_mb']:.1f} MB; {m['append_ms']:.2f} ms per journaled epoch; "
-            f"`hvd-mlflow sync` then uploaded it in {m['sync_s']:.0f} s ({m['points_after_sync']} points per metric).",
+            f"- Server down for {m['epochs']} epochs x {m['metrics']} metrics: rank 0's resident memory {rss} "
+            f"epochs{slope}; journal {m['journal_mb']:.1f} MB; {m['append_ms']:.2f} ms per journaled epoch; "
+            f"`hvd-mlflow sync` {sync}.",
             "",
         ]
     return "\n".join(lines)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from bench import memory_slope
 from tests.support import horovodrun
 from tests.support.environment import clean_environment
 from tests.support.mlflow_server import MlflowServer, free_port
@@ -214,23 +215,45 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
     return {"median_s": statistics.median(delays), "max_s": max(delays), "samples": samples}
 
 
-def memory(server: MlflowServer, epochs: int, metrics: int, work: Path) -> dict:
+# The memory section's sizes: epochs, and the seconds between their starts (the sender retries the dead server all
+# along). Full: 10,000 epochs over ~8 minutes, with MLflow's own retries (about a minute per attempt against a refused
+# port); quick (CI): 4,000 epochs over 12 s, with MLflow's retries off, so the sender's backoff (1, 2, 4, 8 s) paces
+# its attempts within them. A quick run syncs nothing: uploading its 400,000 values would take about 100 s.
+MEMORY_FULL = (10000, 0.05)
+MEMORY_QUICK = (4000, 0.003)
+
+
+def memory(server: MlflowServer, quick: bool, metrics: int, work: Path) -> dict:
+    """Rank 0's RSS with the server down (bench/memory_worker.py), its slope after the warm-up
+    (bench/memory_slope.py) and, in the full mode, the time ``hvd-mlflow sync`` then takes to upload the journal."""
+    epochs, epoch_s = MEMORY_QUICK if quick else MEMORY_FULL
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment(f"bench-mem-{uuid.uuid4().hex[:8]}")).info.run_id
     journal_dir = work / "mem-journal"
     dead = f"http://127.0.0.1:{free_port()}"
     command = [sys.executable, str(ROOT / "bench" / "memory_worker.py"), str(epochs), str(metrics), str(journal_dir),
-               dead, run_id]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=run_env({}), timeout=3600)
-    result = json.loads(next(line for line in done.stdout.splitlines() if "RESULT " in line).split("RESULT ", 1)[1])
+               dead, run_id, str(epoch_s)]  # fmt: skip
+    env = run_env({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"} if quick else {})
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+    lines = [line for line in done.stdout.splitlines() if "RESULT " in line]
+    if not lines:
+        raise RuntimeError(f"memory_worker.py failed:\n{(done.stdout + done.stderr)[-4000:]}")
+    result = json.loads(lines[0].split("RESULT ", 1)[1])
+    rss = result.pop("rss_bytes")
+    result["slope"] = memory_slope.rss_slope(rss)
+    result["check"] = memory_slope.check(result["slope"])
+    result["samples"] = [{"epoch": e, "rss_mb": rss[e - 1] / 2**20} for e in (1, epochs // 10 + 1, epochs // 2 + 1,
+                                                                               epochs)]  # fmt: skip
+    result["epochs"], result["metrics"], result["epoch_s"] = epochs, metrics, epoch_s
+    result["sync_s"] = result["points_after_sync"] = None
+    if quick:
+        return result
     start = time.perf_counter()
     sync = subprocess.run([str(BIN / "hvd-mlflow"), "sync", result["journal"], "--tracking-uri", server.url],
                           capture_output=True, text=True, env=run_env({}), timeout=3600)  # fmt: skip
     result["sync_s"] = time.perf_counter() - start
     assert sync.returncode == 0, sync.stderr
-    history = client.get_metric_history(run_id, "m000")
-    result["points_after_sync"] = len(history)
-    result["epochs"], result["metrics"] = epochs, metrics
+    result["points_after_sync"] = len(client.get_metric_history(run_id, "m000"))
     return result
 
 
@@ -415,7 +438,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--only", choices=["realistic", "small", "batches", "startup", "overhead"],
+    parser.add_argument("--only", choices=["realistic", "small", "batches", "startup", "overhead", "memory"],
                         help="run only this section")  # fmt: skip
     parser.add_argument("--variants", nargs="+", help="paired sections: only these variants (e.g. hvd seed)")
     parser.add_argument("--pairs", type=int, help="paired sections: pairs per variant (default 1 quick, 8 full)")
@@ -437,6 +460,9 @@ def main() -> None:
         server = settled(MlflowServer(work / "server").start())
         reniced(server, args.server_nice)
         try:
+            if args.only == "memory":  # rank 0's RSS with the server down, and its slope check
+                results["memory"] = memory(server, quick, 100, work)
+                raise _Done
             if args.only in (None, "small"):  # the worst case for per-epoch costs, by pairs, with its profile
                 seed = ["seed"] if seed_recipe_available() else []
                 variants = args.variants or (["hvd"] if quick else ["hvd", *seed])
@@ -477,7 +503,7 @@ def main() -> None:
             results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work, not quick)
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
             results["visibility"] = visibility(server, 5 if quick else 30, work)
-            results["memory"] = memory(server, 300 if quick else 10000, 100, work)
+            results["memory"] = memory(server, quick, 100, work)
         except _Done:
             pass
         finally:
@@ -486,6 +512,7 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(results, indent=2))
+    failed = False
     check = results.get("epoch_cost_check")
     if check is not None:
         for c in check["checks"]:
@@ -494,7 +521,17 @@ def main() -> None:
                   f"({EPOCH_END_BUDGET:.0%} of an epoch without logging)")  # fmt: skip
         if not check["passed"]:
             print("per-epoch cost check FAILED" + ("" if check["checks"] else ": no profiled hvd-mlflow row"))
-            sys.exit(1)
+            failed = True
+    if "memory" in results:
+        m, c = results["memory"], results["memory"]["check"]
+        print(f"memory check, server down: rank 0's RSS after the warm-up ({m['slope']['warmup_epochs']} of "
+              f"{m['epochs']} epochs) grows {c['bytes_per_epoch']:+.1f} bytes per epoch (least squares through "
+              f"{len(m['slope']['windows'])} window medians), budget {c['budget_bytes_per_epoch']:.0f}")  # fmt: skip
+        if not c["passed"]:
+            print("memory check FAILED")
+            failed = True
+    if failed:
+        sys.exit(1)
 
 
 class _Done(Exception):
@@ -549,6 +586,8 @@ def report(results: dict) -> None:
             f"(max {d['max_ms']:.2f})"
         )
     if "overhead" not in results:
+        if "memory" in results:  # --only memory
+            report_memory(results["memory"])
         return
     print(f"{'latency':>8} {'variant':>7} {'fit/none':>9} {'(min-max)':>13} {'w/o flush':>9} {'flush s':>8} "
           f"{'req/epoch':>9} {'pts/metric/epoch':>16} {'global':>6}")  # fmt: skip
@@ -573,10 +612,19 @@ def report(results: dict) -> None:
     print(
         f"\nepoch end -> readable on the server: median {v['median_s'] * 1000:.0f} ms, max {v['max_s'] * 1000:.0f} ms"
     )
-    m = results["memory"]
-    rss = ", ".join(f"{s['epoch']} epochs: {s['rss_mb']:.0f} MB" for s in m["samples"])
-    print(f"\nserver down, {m['epochs']} epochs x {m['metrics']} metrics: RSS {rss}; journal {m['journal_mb']:.1f} MB;"
-          f" append {m['append_ms']:.2f} ms/epoch; sync {m['sync_s']:.1f} s")  # fmt: skip
+    report_memory(results["memory"])
+
+
+def report_memory(m: dict) -> None:
+    """The memory section's line: RSS with the server down, its slope after the warm-up."""
+    rss = ", ".join(f"{s['epoch']} epochs: {s['rss_mb']:.1f} MB" for s in m["samples"])
+    windows = ", ".join(f"{w['rss_mb']:.1f}" for w in m["slope"]["windows"])
+    sync = "not run (quick)" if m["sync_s"] is None else f"{m['sync_s']:.1f} s"
+    print(f"\nserver down, {m['epochs']} epochs x {m['metrics']} metrics every {m['epoch_s'] * 1000:.0f} ms "
+          f"({m['run_s']:.0f} s, the sender failed {m['sender_failures']} attempts): RSS {rss} (MLflow's import in "
+          f"the sender before the first epoch: {m['import_mb']:+.0f} MB); after the warm-up, window medians {windows} "
+          f"MB: {m['slope']['bytes_per_epoch']:+.1f} bytes per epoch; journal {m['journal_mb']:.1f} MB; append "
+          f"{m['append_ms']:.2f} ms/epoch; sync {sync}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the benchmarks in two rows of the support matrix (the oldest: TF 2.15; AzureML's: TF 2.16 with tf_keras) and write bench/results/*.json and bench/README.md's tables
 # (docs/overhead.png: commit the results, then python -m bench.figures).
-#   scripts/bench.sh            full numbers (about 50 minutes on 2 cores)
+#   scripts/bench.sh            full numbers (about 70 minutes on 2 cores)
 #   scripts/bench.sh --quick    a few minutes (what CI runs)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
