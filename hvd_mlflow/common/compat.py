@@ -76,21 +76,6 @@ def command_line_client(tracking_uri: str) -> Any:
     return mlflow.MlflowClient(tracking_uri)
 
 
-def log_tensorflow_model(model: Any, name: str, run_id: str, pip_requirements: list[str]) -> None:
-    """``mlflow.tensorflow.log_model`` into ``run_id`` (not the thread's active run): MLflow 3 takes ``name`` and
-    ``run_id``; 2.x's takes ``artifact_path`` and no run (it logs into the active run, or starts one), so there
-    the model goes through ``Model.log``, which 2.x's ``log_model`` calls and which does take the run."""
-    import mlflow.tensorflow
-
-    if mlflow3():
-        mlflow.tensorflow.log_model(model, name=name, run_id=run_id, pip_requirements=pip_requirements)
-        return
-    from mlflow.models import Model
-
-    Model.log(artifact_path=name, flavor=mlflow.tensorflow, model=model, run_id=run_id,
-              pip_requirements=pip_requirements)  # fmt: skip
-
-
 def accepted(factory: Callable[..., Any], arguments: Mapping[str, Any]) -> dict[str, Any]:
     """``arguments`` without those ``factory`` does not take in this MLflow (``ModelInfo``'s ``logged_model``,
     ``prompts``... are MLflow 3's)."""

@@ -1,14 +1,20 @@
-"""Rank 0 logs the trained model at the end of ``fit`` (``log_models``).
+"""Rank 0 logs the trained model at the end of ``fit`` (``log_models``): whole within its budget, or not at all.
 
-Where the tracking server has MLflow's logged-models API (any MLflow server), the model is an MLflow model
-(``mlflow.tensorflow.log_model``, linked to the run). AzureML has no such API (``log_model`` fails there with a
-404), so in an AzureML run the model is saved locally and uploaded as plain artifacts under ``model/``: a
-TensorFlow SavedModel (``model/saved_model``, what AzureML deployments load) and, with Keras 3, the native
-``model/model.keras``.
+Where the tracking server has MLflow's logged-models API (any MLflow server), the model is an MLflow model (a logged
+model linked to the run under MLflow 3; ``model/`` in the run's artifacts under MLflow 2). AzureML has no such API
+(``log_model`` fails there with a 404), so in an AzureML run the model goes up as plain artifacts under ``model/``: a
+TensorFlow SavedModel (``model/saved_model``, what AzureML deployments load) and, with Keras 3, ``model/model.keras``.
 
-The upload runs in a thread and ``fit`` waits for it at most ``timeout`` seconds: a slow or unreachable server
-never holds the end of the training longer than that. What could not be uploaded stays on disk, and the
-warning says where.
+The model upload ends with ``fit``. ``timeout`` is the model's share of ``flush_timeout``:
+
+1. none left (0 or less): nothing is saved or started; one warning.
+2. a copy is saved on the training thread (:mod:`hvd_mlflow.rank_zero.model_copy`); from then on nothing reads the
+   live model, which the script may change or train on as soon as ``fit`` returns.
+3. the copy goes up from a thread that ``fit`` waits for, file by file, entry file last, every request bounded, and
+   undone if it cannot finish (:mod:`hvd_mlflow.delivery.model_upload`, which says why that is whole or nothing and
+   what it cannot promise). A part of the budget is kept for the undo.
+
+When the model was not logged, the warning says why and where the whole saved copy is, and how to log it by hand.
 """
 
 from __future__ import annotations
@@ -16,76 +22,74 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from .._log import logger
 from ..common import compat
-from ..common.redact import redact
-from ..delivery import mlflow_calls
+from ..delivery.model_upload import ARTIFACT_PATH, ModelUpload
+from . import model_copy
 
-ARTIFACT_PATH = "model"
-
-
-def save_locally(model: Any, folder: Path, flavour: str) -> Path:
-    """Save ``model`` into ``folder/model``: a SavedModel, plus the ``.keras`` file with Keras 3."""
-    target = folder / ARTIFACT_PATH
-    target.mkdir(parents=True, exist_ok=True)
-    if flavour == "keras" and hasattr(model, "export"):  # Keras 3
-        model.save(target / "model.keras")
-        model.export(str(target / "saved_model"))
-    else:  # tf_keras / Keras 2: a SavedModel directory
-        model.save(str(target / "saved_model"), save_format="tf")
-    return target
+THREAD_NAME = "hvd-mlflow-model"
+UNDO_SHARE, UNDO_MAX_S = 0.25, 2.0  # of the time left after the save: kept to remove what was sent, at most this
+JOIN_SLACK_S = 2.0  # beyond the deadline: a request's timeouts (per socket operation), the undo's last removal
 
 
 def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout: float) -> bool:
-    """Log ``model`` into ``run_id`` (an MLflow model, or artifacts with ``as_artifacts``); True when done."""
-    outcome: dict[str, Any] = {}
-    folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_")) if as_artifacts else None
-
-    def upload() -> None:
-        try:
-            with mlflow_calls.internal():
-                if folder is not None:
-                    from mlflow import MlflowClient
-
-                    local = save_locally(model, folder, flavour)
-                    MlflowClient().log_artifacts(run_id, str(local), artifact_path=ARTIFACT_PATH)
-                else:
-                    compat.log_tensorflow_model(model, ARTIFACT_PATH, run_id, _requirements())
-            outcome["done"] = True
-        except Exception as error:  # noqa: BLE001 - reported below; the training is over and kept
-            outcome["error"] = error
-
-    thread = threading.Thread(target=upload, name="hvd-mlflow-model", daemon=True)
+    """Log ``model`` into ``run_id`` (an MLflow model, or artifacts with ``as_artifacts``) within ``timeout``
+    seconds; True when it is there whole."""
+    deadline = time.monotonic() + timeout
+    if timeout <= 0:
+        logger.warning(
+            "hvd-mlflow: the model was not logged to run %s: no time was left for it of flush_timeout (the end of fit "
+            "spent it waiting for the run); nothing was saved. To log models, raise flush_timeout "
+            "(HVD_MLFLOW_FLUSH_TIMEOUT)",
+            run_id,
+        )
+        return False
+    folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_"))
+    try:
+        copy = model_copy.save(model, folder, flavour, mlflow_model=not as_artifacts, run_id=run_id)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    left = deadline - time.monotonic()
+    stop = deadline - min(UNDO_MAX_S, UNDO_SHARE * max(0.0, left))
+    if time.monotonic() >= stop:
+        _not_logged(run_id, f"saving it took the {timeout:.1f} s it had; nothing was sent", copy)
+        return False
+    upload = ModelUpload(copy, run_id, logged_model=not as_artifacts and compat.mlflow3(),
+                         mlflow_model=not as_artifacts, stop=stop, end=deadline)  # fmt: skip
+    thread = threading.Thread(target=upload.run, name=THREAD_NAME, daemon=True)
     thread.start()
-    thread.join(timeout)
-    if outcome.get("done"):
+    thread.join(max(0.0, deadline - time.monotonic()) + JOIN_SLACK_S)
+    if thread.is_alive():  # a request of a store whose timeouts are its own (AzureML's plugin, a cloud store)
+        upload.cancel()
+        _not_logged(run_id, "a request of the upload is still waiting for the store's answer; no further file is "
+                    "sent, and what was sent is removed when it ends, where the store allows", copy)  # fmt: skip
+        return False
+    outcome = upload.outcome
+    if outcome.done:
         kind = "artifacts" if as_artifacts else "MLflow model"
         logger.info("hvd-mlflow: logged the model to run %s (%s)", run_id, kind)
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)  # uploaded: the local copy is not needed any more
+        shutil.rmtree(folder, ignore_errors=True)  # uploaded: the local copy is not needed any more
         return True
-    why = redact(str(outcome["error"]))[:300] if "error" in outcome else f"not done within {timeout:.0f} s"
-    saved = folder / ARTIFACT_PATH if folder is not None else None
-    logger.warning(
-        "hvd-mlflow: the model was not logged to run %s (%s)%s",
-        run_id,
-        why,
-        f"; a saved copy is in {saved}" if saved is not None and saved.exists() else "",
-    )
+    left_behind = (f"; these files of it could not be removed from the run: {', '.join(outcome.left_behind)[:500]} "
+                   "(without the model's entry file, they do not load)") if outcome.left_behind else (
+                   "; what was sent of it was removed again")  # fmt: skip
+    _not_logged(run_id, f"{outcome.why}{left_behind}", copy)
     return False
 
 
-def _requirements() -> list[str]:
-    """Pinned requirements of the logged model, without MLflow's slow inference (it loads the model again)."""
-    from importlib import metadata
-
-    out = []
-    for name in ("tensorflow-cpu", "tensorflow", "tf-keras", "keras"):
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+def _not_logged(run_id: str, why: str, copy: Path) -> None:
+    logger.warning(
+        "hvd-mlflow: the model was not logged to run %s (%s). The whole saved copy is in %s; to log it by hand:  "
+        "with mlflow.start_run(run_id=%r): mlflow.log_artifacts(%r, artifact_path=%r)",
+        run_id,
+        why,
+        copy,
+        run_id,
+        str(copy),
+        ARTIFACT_PATH,
+    )

@@ -1,0 +1,46 @@
+"""The trained model's copy on local disk, saved on the training thread before any upload (``log_models``).
+
+Saved while ``fit`` is still in its end, on the thread that trains: once ``fit`` returns the script may train on,
+change the weights or exit, and the upload (:mod:`hvd_mlflow.delivery.model_upload`) reads only this copy, never the
+live model. Two forms:
+
+* an MLflow model (``mlflow.tensorflow.save_model``: ``MLmodel`` and the flavour's files), logged as MLflow logs it;
+* on AzureML, which has no logged-models API, plain files: a TensorFlow SavedModel (``saved_model/``, what AzureML
+  deployments load) and, with Keras 3, the native ``model.keras``.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+
+def save(model: Any, folder: Path, flavour: str, mlflow_model: bool, run_id: str) -> Path:
+    """Save ``model`` into ``folder/model`` (an MLflow model with ``mlflow_model``, else plain files)."""
+    target = folder / "model"
+    if mlflow_model:
+        import mlflow.tensorflow
+        from mlflow.models import Model
+
+        mlflow.tensorflow.save_model(model, str(target), mlflow_model=Model(artifact_path="model", run_id=run_id),
+                                     pip_requirements=requirements())  # fmt: skip
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    if flavour == "keras" and hasattr(model, "export"):  # Keras 3
+        model.save(target / "model.keras")
+        model.export(str(target / "saved_model"))
+    else:  # tf_keras / Keras 2: a SavedModel directory
+        model.save(str(target / "saved_model"), save_format="tf")
+    return target
+
+
+def requirements() -> list[str]:
+    """Pinned requirements of the MLflow model, without MLflow's slow inference (it loads the model again)."""
+    out = []
+    for name in ("tensorflow-cpu", "tensorflow", "tf-keras", "keras"):
+        try:
+            out.append(f"{name}=={metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            continue
+    return out
