@@ -30,6 +30,7 @@ from .._log import logger
 from ..common.redact import mask_uri, redact
 from . import mlflow_calls, reachability
 from .journal import LiveJournal
+from .journal.finding import JOB_DIRECTORY
 from .limits import Limits
 from .uploader import Uploader, http_status, is_permanent
 
@@ -227,6 +228,7 @@ class Sender:
             return True
         left = self.journal.count()
         self.stop(wait=0)
+        self.journal.checkpoint()  # the file the warning names holds everything by itself (the thread may go on)
         self._warn_undelivered(left)
         return False
 
@@ -284,12 +286,12 @@ class Sender:
             where = "The journal was in memory only (no writable journal directory): they are lost" + (
                 f", as are {dropped} older values it could not hold." if dropped else "."
             )
-        elif self._job_mode and Path(self.journal.location).parts[:1] == ("outputs",):
+        elif self._job_mode and Path(self.journal.location).parent == JOB_DIRECTORY:
             where = (
                 f"They are kept in {self.journal.location}, which AzureML uploads into the job's run with ./outputs "
-                "when the job ends: download it (Studio: the job's Outputs + logs, or  az ml job download --name "
-                "<job> --all), then, with MLFLOW_TRACKING_URI set to the workspace's:  hvd-mlflow sync "
-                f"<download>/{self.journal.location}"
+                "when the job ends: download it (Studio: the job's Outputs + logs; or  az ml job download --name "
+                "<job> --download-path <d>, which puts it under <d>/artifacts/), then, logged in to Azure (az "
+                f"login):  hvd-mlflow sync <d>/artifacts/{self.journal.location}  (the journal knows the workspace)"
             )
         else:
             where = (

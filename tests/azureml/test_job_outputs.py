@@ -37,11 +37,15 @@ def test_the_journal_is_kept_with_the_job_and_a_downloaded_copy_syncs_every_poin
         assert client.get_metric_history(run_id, "loss") == []  # the service took nothing during the job
         kept = sorted((job / "outputs" / "hvd_mlflow_journal").glob("*.journal.sqlite"))
         assert len(kept) == 1, sorted(p.relative_to(job) for p in job.rglob("*.journal.sqlite"))  # in ./outputs
-        assert "az ml job download" in done.output and "outputs/hvd_mlflow_journal/" in done.output
-        download = tmp_path / "download"  # what `az ml job download` brings back: the run's outputs folder
-        shutil.copytree(job / "outputs", download / "outputs")
+        assert "az ml job download" in done.output and "<d>/artifacts/outputs/hvd_mlflow_journal/" in done.output
+        # what `az ml job download` brings back (<d>/artifacts/outputs/...), here only the one file the warning names
+        # (Studio downloads files one by one): it holds every entry by itself, no -wal beside it
+        download = tmp_path / "download" / "artifacts" / kept[0].relative_to(job)
+        download.parent.mkdir(parents=True)
+        shutil.copyfile(kept[0], download)
         front.fault = None  # the service is back
-        synced = sync(download, str(download / kept[0].relative_to(job)), env=job_env)
+        # the job's credentials: the only ones the offline front takes (a laptop signs in with az login instead)
+        synced = sync(tmp_path / "download", str(download), env=job_env)
         assert synced.returncode == 0 and "Traceback" not in synced.stderr, synced.stdout + synced.stderr
         counts = check_run(client, run_id, [done.rank(0), done.rank(1)], EPOCHS)  # every point once, global values
         assert client.get_run(run_id).info.status == "RUNNING"  # the job's run stays AzureML's

@@ -215,6 +215,11 @@ class FileJournal(AppendsOne):
         )
         return [(Entry(seq, kind, step, ts, json.loads(payload)), why) for seq, kind, step, ts, payload, why in rows]
 
+    def checkpoint(self) -> None:
+        """Everything committed into the main file, the WAL emptied: the file alone holds the journal (a user who
+        downloads or copies only the file the end-of-fit warning names can ``sync`` it)."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def close(self) -> None:
         self._db.close()
         self.release_writer_lock()

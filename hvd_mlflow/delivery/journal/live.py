@@ -146,6 +146,17 @@ class LiveJournal(AppendsOne):
                 return self._left_at_release
             return self._call("count", state)
 
+    def checkpoint(self) -> None:
+        """The file journal's WAL merged into its main file now (a sender still running keeps the file open: the
+        file the warning names must hold everything by itself). Best effort, never raises."""
+        with self._lock:
+            if self._released or not isinstance(self._current, FileJournal):
+                return
+            try:
+                self._current.checkpoint()
+            except STORAGE_ERRORS:
+                pass
+
     def release(self, delete: bool = False) -> None:
         """Close the file, which releases its writer lock (``sync`` may take over); ``delete``: remove it, when
         everything it held was delivered. Idempotent; the journal is not used after this."""
