@@ -122,6 +122,7 @@ class Sender:
         self._answers = 0  # how many calls it answered
         self._unreachable = False  # at the end of fit, the server could not answer (reachability.cannot_answer)
         self._probed_at = float("-inf")  # when the end of fit last asked the server (reachability.cannot_answer)
+        self._asking: threading.Thread | None = None  # cannot_answer()'s question, maybe still waiting for its answer
         self._down_since: float | None = None  # since when the end of fit has known the server down
         self._answers_when_down = 0  # the answer count then: only an answer since ends that knowledge
         self.run_id: str | None = journal.meta().run_id
@@ -193,9 +194,11 @@ class Sender:
     def cannot_answer(self, wait: float = reachability.TIMEOUT_S + 0.5) -> bool:
         """Whether the server cannot answer (reachability.cannot_answer), asked now on a short-lived thread and waited
         for at most ``wait`` (a slow name lookup is not an answer): if so it is known down from now on, until it
-        answers a call."""
-        asking = threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True)
-        asking.start()
+        answers a call. A question asked before and still waiting is waited for again, not asked twice."""
+        asking = self._asking
+        if asking is None or not asking.is_alive():
+            asking = self._asking = threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True)
+            asking.start()
         asking.join(wait)
         return self._unreachable
 

@@ -295,14 +295,18 @@ class RankZeroSteps:
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return
+        # A server gone (it cannot answer, though the sender, idle or in MLflow's retries, has not said so): MLflow's
+        # client would retry the upload until the deadline. Asked before the upload starts, so that no upload is left
+        # half-way, and before MLflow's import, which the sender's thread may still be doing (seconds on a busy host)
+        # and which an http(s) server's question does not need.
+        if run_logger.cannot_answer():
+            _model_not_logged_server_down()
+            return
         import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
 
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        # A server gone meanwhile (it cannot answer, though the sender, idle, has not seen it): MLflow's client would
-        # retry the upload until the deadline. Asked before the upload starts, so that no upload is left half-way.
-        if run_logger.cannot_answer():
-            logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (refused, closed "
-                           "without an answer, or 5xx)")  # fmt: skip
+        if as_artifacts and run_logger.cannot_answer():  # the plugin's address, which the question before the import
+            _model_not_logged_server_down()  # could not know while the sender's thread was still importing MLflow
             return
         model_logging.log_model(
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
@@ -326,3 +330,8 @@ class RankZeroSteps:
             )
         self._inexact_logged = inexact
         self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
+
+
+def _model_not_logged_server_down() -> None:
+    logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (refused, closed without "
+                   "an answer, or 5xx)")  # fmt: skip
