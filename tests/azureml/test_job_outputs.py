@@ -76,5 +76,5 @@ def test_a_workspace_answering_503_costs_the_job_what_a_refusing_address_costs(t
     report("azureml 503 whole job", seconds=seconds, end_fit_s=ends)
     # both ends of fit: the sender's grace once, the plugin's own start beside it (4.2 s in both cases here), never
     # MLflow's retries of each call until flush_timeout (before: an azureml:// URI was never probed, refused or 503)
-    assert max(ends.values()) <= DOWN_GRACE_S + 2.0, (ends, seconds)
+    assert max(ends.values()) <= DOWN_GRACE_S + 3.0, (ends, seconds)  # 4.1-4.9 s measured; 58 s before
     assert seconds["503"] <= seconds["refused"] + 10.0, (ends, seconds)
