@@ -3,7 +3,8 @@
 The job's ``command`` runs over ``resources.instance_count`` simulated nodes (network namespaces with their own
 hostnames and working directories, tests/support/cluster.py) the way AzureML runs its ``distribution``:
 
-* ``type: mpi``: Open MPI's mpirun on node 0, ``process_count_per_instance`` ranks on each node;
+* ``type: mpi``: Open MPI's mpirun on node 0, ``process_count_per_instance`` ranks on each node (Horovod's ranks,
+  or keras.distribution's JAX processes, which read Open MPI's variables: examples/azureml/job-jax.yml);
 * ``type: tensorflow``: ``worker_count`` plain processes spread evenly over the nodes, each with the ``TF_CONFIG``
   AzureML writes (every worker on its node's address, no chief task: worker 0 is the chief).
 
@@ -20,6 +21,7 @@ throttling): docs/azureml.md.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -47,6 +49,8 @@ def main() -> int:
     parser.add_argument("--ranks-per-node", type=int, help="default: the job's process_count_per_instance")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=VALUE", help="override a job input")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--report", type=Path, metavar="FILE",
+                        help="also write the job's run (every point) and the front's requests as JSON")  # fmt: skip
     args = parser.parse_args()
     why = unavailable()
     if why:
@@ -91,7 +95,7 @@ def main() -> int:
                 returncode = _mpi(cluster, per_node, command, variables, args.timeout)
             else:
                 returncode = _tensorflow(cluster, folder, per_node, command, variables, args.timeout)
-            _show(host, run_id, cluster)
+            _show(host, run_id, cluster, args.report)
             return returncode
         finally:
             host.stop()
@@ -156,7 +160,7 @@ def _snapshot(code: Path, workdir: Path) -> None:
         shutil.copytree(code, workdir, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".venv*", ".git", "mlruns"))
 
 
-def _show(host: TrackingHost, run_id: str, cluster: Cluster) -> None:
+def _show(host: TrackingHost, run_id: str, cluster: Cluster, report: Path | None = None) -> None:
     store = host.store()
     run = store.get_run(run_id)
     print(f"\nthe job's run {run_id} ({run.info.status}) on the offline AzureML front")
@@ -167,8 +171,23 @@ def _show(host: TrackingHost, run_id: str, cluster: Cluster) -> None:
     shape = ("world_size", "batch_size", "global_batch_size", "steps_per_epoch")
     print("  params: " + ", ".join(f"{k}={run.data.params.get(k, '-')}" for k in shape))
     by_address = {h.address: h.name for h in cluster.hosts.values()}
-    talked = sorted({by_address.get(a, a) for a in host.seen()["connections"]})
+    seen = host.seen()
+    talked = sorted({by_address.get(a, a) for a in seen["connections"]})
     print(f"  hosts that connected to the tracking server: {', '.join(talked) or 'none'}")
+    by_host: dict[str, int] = {}
+    for request in seen["requests"]:
+        name = by_address.get(request["client"], request["client"])
+        by_host[name] = by_host.get(name, 0) + 1
+    print("  requests by host: " + (", ".join(f"{name} {n}" for name, n in sorted(by_host.items())) or "none"))
+    if report is not None:
+        metrics = {key: [[m.step, m.value] for m in sorted(store.get_metric_history(run_id, key), key=lambda m: m.step)]
+                   for key in run.data.metrics}  # fmt: skip
+        hosts = {name: by_address.get(name, name) for name in {r["client"] for r in seen["requests"]}}
+        requests = [{**r, "host": hosts[r["client"]]} for r in seen["requests"]]
+        connections = [by_address.get(a, a) for a in seen["connections"]]
+        report.write_text(json.dumps({"run_id": run_id, "status": run.info.status, "metrics": metrics,
+                                      "params": run.data.params, "tags": run.data.tags, "requests": requests,
+                                      "connections": connections}, indent=1))  # fmt: skip
 
 
 if __name__ == "__main__":

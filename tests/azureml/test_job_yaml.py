@@ -52,3 +52,25 @@ def test_the_tf_distribute_job_is_two_nodes_one_worker_each_in_an_image_without_
     pins = dict(line.split("==") for line in (context / "constraints.txt").read_text().splitlines() if "==" in line)
     for package in ("tensorflow-cpu", "tf-keras", "mlflow-skinny", "azureml-mlflow"):
         assert f"{package}=={pins[package]}" in dockerfile, package
+
+
+def test_the_jax_job_is_two_nodes_under_mpirun_in_an_image_of_keras_3_on_jax_without_tensorflow():
+    job = load_job(EXAMPLE / "job-jax.yml")
+    assert isinstance(job, CommandJob | Command)
+    assert isinstance(job.distribution, MpiDistribution)  # mpirun: keras.distribution.initialize() reads Open MPI's
+    assert job.distribution.process_count_per_instance == 1 and job.resources.instance_count == 2
+    assert job.environment_variables["KERAS_BACKEND"] == "jax"  # what scripts/rehearse-azureml-job.sh reads too
+    assert "examples/train_cnn_jax.py" in job.command
+    assert (EXAMPLE / job.code).resolve() == EXAMPLE.parents[1]
+    environment = load_environment(EXAMPLE / "environment-jax.yml")
+    assert job.environment.removeprefix("azureml:") == f"{environment.name}:{environment.version}"
+    context = EXAMPLE / "environment-jax"
+    dockerfile = (context / "Dockerfile").read_text()
+    commands = [line for line in dockerfile.lower().splitlines() if line.strip() and not line.startswith("#")]
+    assert commands and not any("tensorflow" in line or "horovod" in line for line in commands)
+    assert "KERAS_BACKEND=jax" in dockerfile
+    repo_pins = (EXAMPLE.parents[1] / "requirements" / "jax.txt").read_text()
+    assert (context / "constraints.txt").read_text() == repo_pins
+    pins = dict(line.split("==") for line in repo_pins.splitlines() if "==" in line)
+    for package in ("jax", "keras", "mlflow-skinny", "azureml-mlflow"):
+        assert f"{package}=={pins[package]}" in dockerfile.replace("jax[cpu]", "jax"), package
