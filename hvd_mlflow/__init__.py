@@ -26,6 +26,7 @@ from .errors import (
     MetricNameCollisionError,
     MissingDependencyError,
     OptionsMismatchError,
+    ShardMismatchError,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ __all__ = [
     "MetricNameCollisionError",
     "MissingDependencyError",
     "OptionsMismatchError",
+    "ShardMismatchError",
     "__version__",
 ]
 

@@ -166,7 +166,8 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
             users = tensorboard.for_rank(_callbacks_in(given), world.rank, options.tensorboard_per_rank)
             folders = _tensorboard_uploads(users, world.rank, world.size, options)  # rank 0: never raises
             batch = batch_size.of_fit(bound.arguments)  # given, Keras' default, or the tf.data pipeline's
-            callback._set_fit_arguments(batch_size=batch, empty_shards=empty, folders=folders)
+            callback._set_fit_arguments(batch_size=batch, empty_shards=empty, folders=folders,
+                                        batches=shards.batches(bound.arguments, batch))  # fmt: skip
             call_args, call_kwargs = bound.with_callbacks(_with_first(callback, given, self, users))
         except Exception as error:
             raise HvdMlflowError(

@@ -31,6 +31,7 @@ inside the guard). :mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -121,6 +122,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._folders: tuple[FolderUpload, ...] = ()  # autolog's TensorBoard folders (rank 0)
         self._ends_after_fit = False  # autolog's: its wrapper ends the fit once Keras' fit has returned
         self._empty_shards: tuple[str, ...] = ()  # this rank's, from fit's arguments (autolog)
+        self._batches = shards.Batches()  # this rank's, from fit's arguments (autolog)
         self._comm: collectives.Collectives = collectives.Solo()
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
         self._run_logger: RunLogger | None = None  # rank 0 only, while logging
@@ -187,6 +189,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             topology.hostname(),
             self._empty_here(),
             params=params,
+            batches=dataclasses.replace(self._batches, steps=(getattr(self, "params", None) or {}).get("steps")),
             params_kept=kept,
             logged=logged,
         )
@@ -339,9 +342,11 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         batch_size: int | None,
         empty_shards: tuple[str, ...] = (),
         folders: Sequence[FolderUpload] = (),
+        batches: shards.Batches | None = None,
     ) -> None:
         self._batch_size = batch_size
         self._empty_shards = empty_shards
+        self._batches = batches or shards.Batches()
         self._folders = tuple(folders)  # rank 0: what of TensorBoard's folders to upload at the end
         self._ends_after_fit = True
 

@@ -32,5 +32,11 @@ class EmptyShardError(HvdMlflowError, ValueError):
     train begin."""
 
 
+class ShardMismatchError(HvdMlflowError, ValueError):
+    """Under ``keras.distribution``, the processes' batches differ in size (different sample counts, batch sizes or
+    steps), which JAX's global batch cannot join (:mod:`hvd_mlflow.every_rank.shards`); raised by every process at
+    train begin."""
+
+
 class MissingDependencyError(HvdMlflowError, ImportError):
     """TensorFlow, Horovod or MLflow cannot be imported here; the message names the pip command that installs it."""

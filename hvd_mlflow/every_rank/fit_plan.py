@@ -25,11 +25,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._log import warn_once
-from ..errors import EmptyShardError, OptionsMismatchError
+from ..errors import EmptyShardError, OptionsMismatchError, ShardMismatchError
 from . import keras_flavour
 from .batch_steps import BatchClock
 from .collectives import Collectives
 from .later_fits import Logged
+from .shards import Batches, unequal, unequal_message
 from .shards import message as empty_shards_message
 
 
@@ -46,6 +47,7 @@ class Proposal:
     params: Mapping[str, str] | None = None
     params_kept: bool = False
     logged: Logged | None = None  # rank 0: what this process logged into the run before (a later fit moves on)
+    batches: Batches = Batches()  # what this rank's batches are made of (keras.distribution needs them alike)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,8 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
     empty = {rank: p.empty for rank, p in enumerate(proposals) if p.empty}
     if empty:  # one rank's own data, now known to every rank: the same error everywhere
         raise EmptyShardError(empty_shards_message(empty))
+    if comm.values_are_global and unequal([p.batches for p in proposals]):  # JAX joins the processes' batches
+        raise ShardMismatchError(unequal_message([p.batches for p in proposals]))
     leader = proposals[0]
     kept = [p.params for p in proposals if p.params_kept and p.params is not None]
     return Plan(

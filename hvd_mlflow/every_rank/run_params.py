@@ -85,13 +85,23 @@ def training_params(
     return {k: str(v) for k, v in params.items() if v is not None}
 
 
+GLOBAL_BATCH = "global batch"  # the reduction tag under keras.distribution: Keras' values, computed on the global batch
+
+
 def run_tags(
-    *, world_size: int, reduction: str, flavour: str, extra: Mapping[str, str], engine: str = "horovod"
+    *,
+    world_size: int,
+    reduction: str,
+    flavour: str,
+    extra: Mapping[str, str],
+    engine: str = "horovod",
+    values_are_global: bool = False,
 ) -> dict[str, str]:
+    """The run's tags. ``values_are_global``: the engine's Keras values are global already (nothing is reduced)."""
     tags = {
         "hvd_mlflow.engine": engine,
         "hvd_mlflow.world_size": str(world_size),
-        "hvd_mlflow.reduction": reduction,
+        "hvd_mlflow.reduction": GLOBAL_BATCH if values_are_global and world_size > 1 else reduction,
         "hvd_mlflow.keras_flavour": flavour,
     }
     tags.update({str(k): str(v) for k, v in extra.items()})

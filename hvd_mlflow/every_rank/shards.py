@@ -10,8 +10,9 @@ cardinality) is not judged here: Keras then fails on that rank alone, as without
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 TRAINING, VALIDATION = "training", "validation"
@@ -44,26 +45,73 @@ def length(data: Any) -> int | None:
         return None
 
 
-def empty_parts(arguments: Mapping[str, Any]) -> tuple[str, ...]:
-    """Which of this rank's training and validation data ``fit``'s bound ``arguments`` show to be empty."""
-    empty: list[str] = []
+def sizes(arguments: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """How many training and validation samples (or batches) ``fit``'s bound ``arguments`` hold on this rank, after
+    Keras' own ``validation_split``; None where not known (no validation, a generator)."""
     samples = length(arguments.get("x"))
     split = float(arguments.get("validation_split") or 0.0)
     if samples is not None and 0.0 < split < 1.0 and arguments.get("validation_data") is None:
         train = int(math.floor(samples * (1.0 - split)))  # Keras' own split, in both flavours
-        if train == 0:
-            empty.append(TRAINING)
-        if samples - train == 0:
-            empty.append(VALIDATION)
-        return tuple(empty)
-    if samples == 0:
-        empty.append(TRAINING)
+        return train, samples - train
     validation = arguments.get("validation_data")
     if isinstance(validation, list | tuple):
         validation = validation[0] if validation else None
-    if validation is not None and length(validation) == 0:
-        empty.append(VALIDATION)
-    return tuple(empty)
+    return samples, length(validation)
+
+
+def empty_parts(arguments: Mapping[str, Any]) -> tuple[str, ...]:
+    """Which of this rank's training and validation data ``fit``'s bound ``arguments`` show to be empty."""
+    train, validation = sizes(arguments)
+    return tuple(part for part, n in ((TRAINING, train), (VALIDATION, validation)) if n == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Batches:
+    """What a rank's batches are made of, from ``fit``'s arguments and Keras' step count (None: not known). An
+    engine that joins every process's batch into one global batch (``keras.distribution``) needs the same on every
+    process; steps and batch sizes given to ``fit`` make the sample counts irrelevant."""
+
+    training: int | None = None
+    validation: int | None = None
+    batch_size: int | None = None
+    steps: int | None = None
+
+    def fields(self) -> dict[str, int | None]:
+        return dataclasses.asdict(self)
+
+
+def batches(arguments: Mapping[str, Any], batch_size: int | None) -> Batches:
+    """This rank's :class:`Batches` before Keras counts its steps (:meth:`dataclasses.replace` adds them)."""
+    train, validation = sizes(arguments)
+    if arguments.get("steps_per_epoch"):
+        train = None  # a given number of steps: as many samples as each rank has are not all used
+    if arguments.get("validation_steps"):
+        validation = None
+    return Batches(train, validation, batch_size)
+
+
+def unequal(by_rank: Sequence[Batches]) -> bool:
+    """Whether the ranks' batches differ in anything every rank knows."""
+    for name in Batches.__dataclass_fields__:
+        known = {getattr(b, name) for b in by_rank} - {None}
+        if len(known) > 1 or (known and any(getattr(b, name) is None for b in by_rank)):
+            return True
+    return False
+
+
+def unequal_message(by_rank: Sequence[Batches]) -> str:
+    """The error every process raises alike: each one's batches, and the fix."""
+    lines = [
+        f"  process {rank}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in b.fields().items() if v is not None)
+        for rank, b in enumerate(by_rank)
+    ]
+    return (
+        "hvd-mlflow: keras.distribution joins every process's batch into one global batch, so every process must "
+        "give batches of the same size at every step, and these processes' data differ (Keras would compute "
+        "different values on each process without an error, or wait forever); give every process the same number "
+        "of samples (drop the remainder when sharding), or the same steps_per_epoch from data that repeats. Raised "
+        "on every process at train begin:\n" + "\n".join(lines)
+    )
 
 
 def message(empty_by_rank: Mapping[int, tuple[str, ...]]) -> str:

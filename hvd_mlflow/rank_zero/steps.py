@@ -175,6 +175,7 @@ class RankZeroSteps:
             flavour=self._flavour or "keras",
             extra=self.options.extra_tags,
             engine=self._comm.engine,
+            values_are_global=self._comm.values_are_global,
         )
         directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
         self._owns_run = dest.run_id is None or bool(link and link.owns_run)

@@ -17,6 +17,7 @@ class Gathered:
     """Two ranks' collective: ``allgather_object`` returns the proposals of both ranks, in rank order."""
 
     size = 2
+    values_are_global = False  # Horovod's: the processes' batches may differ
 
     def __init__(self, rank: int, proposals: list[Proposal]) -> None:
         self.rank = rank

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -34,3 +36,21 @@ def test_empty_parts_from_every_form_of_fit_data():
 def test_the_message_names_each_empty_rank_and_shard():
     text = shards.message({3: ("validation",), 1: ("training", "validation")})
     assert text.endswith("  rank 1: training and validation data is empty\n  rank 3: validation data is empty")
+
+
+def test_batches_differ_only_in_what_every_rank_knows():
+    """keras.distribution's check: sample counts, batch sizes and steps, each compared where known."""
+    even = shards.batches({"x": np.zeros((48, 2)), "validation_data": (np.zeros((24, 2)), None)}, 16)
+    assert even == shards.Batches(48, 24, 16)
+    assert not shards.unequal([even, even])
+    short = shards.batches({"x": np.zeros((40, 2)), "validation_data": (np.zeros((24, 2)), None)}, 16)
+    assert shards.unequal([even, short])  # the last batches: 16 and 8
+    # a given number of steps uses as many samples as it needs: the counts do not matter, the steps do
+    stepped = [shards.batches({"x": np.zeros((n, 2)), "steps_per_epoch": 3}, 16) for n in (48, 64)]
+    assert not shards.unequal(stepped)
+    assert shards.unequal([dataclasses.replace(stepped[0], steps=3), dataclasses.replace(stepped[1], steps=4)])
+    split = [shards.batches({"x": np.zeros((n, 2)), "validation_split": 0.25}, 8) for n in (40, 40)]
+    assert split[0] == shards.Batches(30, 10, 8) and not shards.unequal(split)
+    assert shards.unequal([even, shards.Batches(48, None, 16)])  # one has validation data, the other none
+    message = shards.unequal_message([even, short])
+    assert "process 1: training 40, validation 24, batch size 16" in message and "drop the remainder" in message
