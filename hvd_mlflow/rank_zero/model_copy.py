@@ -4,9 +4,10 @@ Saved while ``fit`` is still in its end, on the thread that trains: once ``fit``
 change the weights or exit, and the upload (:mod:`hvd_mlflow.delivery.model_upload`) reads only this copy, never the
 live model. Two forms:
 
-* an MLflow model (``mlflow.tensorflow.save_model``: ``MLmodel`` and the flavour's files), logged as MLflow logs it;
+* an MLflow model (``MLmodel`` and the flavour's files), logged as MLflow logs it: MLflow's ``tensorflow`` flavour for
+  a model on TensorFlow, its ``keras`` flavour (Keras' own ``.keras`` file, any backend) for Keras 3 on JAX or PyTorch;
 * on AzureML, which has no logged-models API, plain files: a TensorFlow SavedModel (``saved_model/``, what AzureML
-  deployments load) and, with Keras 3, the native ``model.keras``.
+  deployments load) and, with Keras 3, the native ``model.keras`` (alone off TensorFlow: a SavedModel needs it).
 """
 
 from __future__ import annotations
@@ -15,30 +16,44 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..every_rank import keras_flavour
+
+# what a saved model needs installed to load, by the backend it was trained on
+REQUIREMENTS = {
+    "tensorflow": ("tensorflow-cpu", "tensorflow", "tf-keras", "keras"),
+    "jax": ("keras", "jax", "jaxlib"),
+    "torch": ("keras", "torch"),
+}
+
 
 def save(model: Any, folder: Path, flavour: str, mlflow_model: bool, run_id: str) -> Path:
     """Save ``model`` into ``folder/model`` (an MLflow model with ``mlflow_model``, else plain files)."""
     target = folder / "model"
+    backend = keras_flavour.backend(model)
     if mlflow_model:
-        import mlflow.tensorflow
         from mlflow.models import Model
 
-        mlflow.tensorflow.save_model(model, str(target), mlflow_model=Model(artifact_path="model", run_id=run_id),
-                                     pip_requirements=requirements())  # fmt: skip
+        if backend == "tensorflow":
+            from mlflow.tensorflow import save_model
+        else:  # MLflow's keras flavour: Keras 3's own format, any backend, no TensorFlow
+            from mlflow.keras import save_model
+        save_model(model, str(target), mlflow_model=Model(artifact_path="model", run_id=run_id),
+                   pip_requirements=requirements(backend))  # fmt: skip
         return target
     target.mkdir(parents=True, exist_ok=True)
     if flavour == "keras" and hasattr(model, "export"):  # Keras 3
         model.save(target / "model.keras")
-        model.export(str(target / "saved_model"))
+        if backend == "tensorflow":
+            model.export(str(target / "saved_model"))
     else:  # tf_keras / Keras 2: a SavedModel directory
         model.save(str(target / "saved_model"), save_format="tf")
     return target
 
 
-def requirements() -> list[str]:
+def requirements(backend: str = "tensorflow") -> list[str]:
     """Pinned requirements of the MLflow model, without MLflow's slow inference (it loads the model again)."""
     out = []
-    for name in ("tensorflow-cpu", "tensorflow", "tf-keras", "keras"):
+    for name in REQUIREMENTS.get(backend, ("keras",)):
         try:
             out.append(f"{name}=={metadata.version(name)}")
         except metadata.PackageNotFoundError:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.support.environment import clean_environment
@@ -38,12 +39,14 @@ model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy",
               metrics=["accuracy", keras.metrics.AUC(name="auc")])
 history = model.fit(x, y, batch_size=16, epochs=%(epochs)d, validation_data=(x[:24], y[:24]), verbose=0)
 print(json.dumps({"history": history.history, "tensorflow": "tensorflow" in sys.modules,
-                  "backend": keras.backend.backend()}))
+                  "backend": keras.backend.backend(), "predicted": model.predict(x[:4], verbose=0).tolist(),
+                  "x4": x[:4].tolist()}))
 """
 
 
 def train(tmp_path: Path, **env: str) -> dict:
-    environment = clean_environment(HVD_MLFLOW_TESTING="1", HVD_MLFLOW_LOG_MODELS="0", PYTHONUNBUFFERED="1", **env)
+    environment = clean_environment(**{"HVD_MLFLOW_TESTING": "1", "HVD_MLFLOW_LOG_MODELS": "0", "PYTHONUNBUFFERED": "1",
+                                       **env})  # fmt: skip
     done = subprocess.run([sys.executable, "-c", SCRIPT % {"samples": SAMPLES, "epochs": EPOCHS}], cwd=tmp_path,
                           env=environment, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -85,3 +88,23 @@ def test_the_journal_keeps_what_a_dead_server_missed_and_sync_delivers_it_once(t
     for key, values in out["history"].items():
         points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         assert points == [(s, pytest.approx(v, rel=1e-6)) for s, v in enumerate(values)], key
+
+
+def test_the_model_is_logged_in_keras_own_format_without_tensorflow(tmp_path, mlflow_server, client):
+    """log_models on JAX: an MLflow model of MLflow's keras flavour (the native .keras file), linked to the run,
+    which loads in a fresh process and predicts what the trained model predicted; TensorFlow is never imported.
+    Before, the save went through mlflow.tensorflow and failed: no TensorFlow here."""
+    import mlflow
+
+    run_id = client.create_run("0").info.run_id
+    out = train(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, MLFLOW_RUN_ID=run_id, HVD_MLFLOW_LOG_MODELS="1",
+                HVD_MLFLOW_FLUSH_TIMEOUT="60")  # fmt: skip
+    assert out["tensorflow"] is False
+    [logged] = client.search_logged_models(experiment_ids=["0"], filter_string=f"source_run_id = '{run_id}'")
+    assert str(logged.status).endswith("READY"), logged.status
+    mlflow.set_tracking_uri(mlflow_server.url)
+    model = mlflow.keras.load_model(f"models:/{logged.model_id}")
+    predicted = model.predict(np.asarray(out["x4"], dtype="float32"), verbose=0).reshape(-1)
+    assert predicted.tolist() == pytest.approx(np.asarray(out["predicted"]).reshape(-1).tolist(), rel=1e-6)
+    info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
+    assert set(info.flavors) == {"keras", "python_function"}
