@@ -98,13 +98,11 @@ def job(tmp_path_factory, mlflow_server):
         requests = [list(first.requests), list(second.requests)]
     for code, output in results:
         assert code == 0, output[-5000:]
-    truths = {}
-    for name in SCENARIOS:
-        done = subprocess.run([sys.executable, str(WORKER), "--truth", str(out), name, str(EPOCHS)],
-                              env=environment("http://127.0.0.1:9", out), capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        truths[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, str(WORKER), "--truth", str(out), str(EPOCHS), *SCENARIOS],
+                          env=environment("http://127.0.0.1:9", out), capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    truths = json.loads(done.stdout.strip().splitlines()[-1])
     return runs, records(out), truths, requests, results
 
 
@@ -206,3 +204,24 @@ def test_processes_with_different_batches_are_refused_on_every_process(tmp_path,
         assert "process 1: training 40, validation 24, batch size 16, steps 3" in output
     assert client.get_metric_history(run_id, "loss") == []
     assert os.path.exists(tmp_path) and not list(tmp_path.glob("process*.json"))
+
+
+@pytest.mark.parametrize("mode", ["mpirun", "no-distribution"])
+def test_processes_that_keras_distribution_does_not_join_are_refused_on_every_process(mode, tmp_path, mlflow_server,
+                                                                                      client):  # fmt: skip
+    """Two processes that would each train alone and log as rank 0 into one run: started by mpirun with no
+    ``initialize()``, or initialised with no distribution set. Every process refuses at fit's start, in one line
+    that names the fix; the run gets nothing."""
+    run_id = client.create_run("0").info.run_id
+    args = ["--runs", f"small={run_id}", "--epochs", "1"]
+    if mode == "mpirun":
+        results = launch("mpirun", tmp_path, [mlflow_server.url] * 2, args, per_process=[["--launch", "none"]] * 2)
+        expected = ["LauncherMismatchError: hvd-mlflow: Open MPI's mpirun started 2 processes"]
+    else:
+        results = launch("explicit", tmp_path, [mlflow_server.url] * 2, [*args, "--no-distribution"])
+        expected = ["LauncherMismatchError: hvd-mlflow: JAX runs 2 processes (keras.distribution.initialize())"]
+    for code, output in results:
+        assert code != 0 and all(line in output for line in expected), output[-3000:]
+    if mode == "mpirun":  # each of the two processes said it
+        assert results[0][1].count(expected[0]) == 2, results[0][1][-3000:]
+    assert client.get_metric_history(run_id, "loss") == []

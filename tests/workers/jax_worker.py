@@ -143,7 +143,7 @@ def start(args: argparse.Namespace) -> tuple[int, int]:
                                       process_id=args.process_id)  # fmt: skip
     elif args.launch in ("env", "mpirun"):
         keras.distribution.initialize()  # the KERAS_DISTRIBUTION_* variables, or JAX's own Open MPI detection
-    if args.launch != "none":
+    if args.launch != "none" and not args.no_distribution:
         parallel = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
         parallel.auto_shard_dataset = False  # each process passes its own shard
         keras.distribution.set_distribution(parallel)
@@ -159,6 +159,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default="small")
     parser.add_argument("--runs", default="", help="scenario=run_id,...: the runs the test created")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--no-distribution", action="store_true", help="initialise, but set no distribution")
     parser.add_argument("--train", type=int, default=TRAIN, help="this process's training samples")
     args = parser.parse_args()
     process, count = start(args)
@@ -215,8 +216,8 @@ def truth(out: Path, name: str, epochs_seen: int) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--truth"]:
-        os.environ["KERAS_BACKEND"] = "jax"
-        print(json.dumps(truth(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]))))
+    if sys.argv[1:2] == ["--truth"]:  # --truth OUT EPOCHS SCENARIO...: every scenario's truth, in one process
+        out, epochs = Path(sys.argv[2]), int(sys.argv[3])
+        print(json.dumps({name: truth(out, name, epochs) for name in sys.argv[4:]}))
     else:
         main()
