@@ -38,9 +38,10 @@ def environment(url: str, out: Path, **extra: str) -> dict[str, str]:
     )  # fmt: skip
 
 
-def launch(mode: str, out: Path, urls: list[str], args: list[str], per_process: list[list[str]] | None = None):
+def launch(mode: str, out: Path, urls: list[str], args: list[str], per_process: list[list[str]] | None = None,
+           env: dict[str, str] | None = None):  # fmt: skip
     """Two processes of jax_worker.py, started as ``mode`` says; each one's (return code, output)."""
-    per_process = per_process or [[], []]
+    per_process, env = per_process or [[], []], env or {}
     command = [sys.executable, str(WORKER), "--launch", mode, "--out", str(out), *args]
     if mode == "mpirun":  # one app context per process: each its own tracking address (rank order = context order)
         contexts: list[str] = []
@@ -48,18 +49,18 @@ def launch(mode: str, out: Path, urls: list[str], args: list[str], per_process: 
             contexts += [":"] if i else []
             contexts += ["-np", "1", "env", f"MLFLOW_TRACKING_URI={urls[i]}", *command, *per_process[i]]
         mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", *contexts]
-        done = subprocess.run(mpirun, env=environment(urls[0], out), cwd=out, capture_output=True, text=True,
+        done = subprocess.run(mpirun, env=environment(urls[0], out, **env), cwd=out, capture_output=True, text=True,
                               timeout=400)  # fmt: skip
         return [(done.returncode, done.stdout + done.stderr)] * 2
     port = free_port()
     processes = []
     for i in (0, 1):
-        extra = {}
+        extra = dict(env)
         argv = [*command, *per_process[i]]
         if mode == "explicit":
             argv += ["--coordinator", f"127.0.0.1:{port}", "--process-id", str(i)]
         else:  # the KERAS_DISTRIBUTION_* variables, as keras-io's distribution guide sets them
-            extra = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{port}", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+            extra |= {"KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{port}", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
                      "KERAS_DISTRIBUTION_PROCESS_ID": str(i)}  # fmt: skip
         processes.append(subprocess.Popen(argv, env=environment(urls[i], out, **extra), cwd=out, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
@@ -171,10 +172,13 @@ def test_launched_with_the_variables_or_by_mpirun_it_logs_one_run_from_process_0
                                                                                    client):  # fmt: skip
     """``keras.distribution.initialize()`` with no arguments: from the KERAS_DISTRIBUTION_* variables, or from Open
     MPI's own variables under mpirun (JAX's detection, as AzureML's type: mpi starts processes). Both processes join
-    one world of 2; process 0 alone writes one point per epoch, each the value both processes saw."""
+    one world of 2; process 0 alone writes one point per epoch, each the value both processes saw. System metrics
+    (on) travel in the epoch's collective: each epoch's memory minimum and maximum over the processes bracket what
+    each process read of itself at that epoch's end."""
     run_id = client.create_run("0").info.run_id
     with Proxy(mlflow_server.url) as first, Proxy(mlflow_server.url) as second:
-        results = launch(mode, tmp_path, [first.url, second.url], ["--runs", f"small={run_id}", "--epochs", "2"])
+        results = launch(mode, tmp_path, [first.url, second.url], ["--runs", f"small={run_id}", "--epochs", "2",
+                         "--pause", "0.3"], env={"HVD_MLFLOW_SYSTEM_METRICS": "1"})  # fmt: skip
         requests = [list(first.requests), list(second.requests)]
     for code, output in results:
         assert code == 0, output[-5000:]
@@ -186,6 +190,14 @@ def test_launched_with_the_variables_or_by_mpirun_it_logs_one_run_from_process_0
         assert history(client, run_id, key) == [(e, seen[0][e][key]) for e in range(2)], key
     assert requests[1] == [] and any(r.is_log_batch for r in requests[0])
     assert client.get_run(run_id).data.tags["hvd_mlflow.engine"] == "keras.distribution"
+    rss = [p["scenarios"]["small"]["rss_mb"] for p in processes]
+    low, high = history(client, run_id, "system/rss_mb_min"), history(client, run_id, "system/rss_mb_max")
+    assert [s for s, _ in low] == [s for s, _ in high] == [0, 1]
+    for epoch in (0, 1):
+        own = [rss[0][epoch], rss[1][epoch]]
+        assert low[epoch][1] <= min(own) * 1.05 and high[epoch][1] >= max(own) * 0.95, (low, high, own)
+        assert 50 < low[epoch][1] <= high[epoch][1] < 4000
+    assert {v for _, v in history(client, run_id, "system/rss_mb_max_rank")} <= {0.0, 1.0}
     report(f"jax-launch-{mode}", by_process=[len(r) for r in requests])
 
 
@@ -206,20 +218,24 @@ def test_processes_with_different_batches_are_refused_on_every_process(tmp_path,
     assert os.path.exists(tmp_path) and not list(tmp_path.glob("process*.json"))
 
 
-@pytest.mark.parametrize("mode", ["mpirun", "no-distribution"])
+@pytest.mark.parametrize("mode", ["mpirun", "no-distribution", "auto-shard"])
 def test_processes_that_keras_distribution_does_not_join_are_refused_on_every_process(mode, tmp_path, mlflow_server,
                                                                                       client):  # fmt: skip
     """Two processes that would each train alone and log as rank 0 into one run: started by mpirun with no
-    ``initialize()``, or initialised with no distribution set. Every process refuses at fit's start, in one line
-    that names the fix; the run gets nothing."""
+    ``initialize()``, or initialised with no distribution set: every process refuses at fit's start, in one line
+    that names the fix. Arrays with Keras' ``auto_shard_dataset`` left on (it shards only tf.data datasets): Keras'
+    own error, on every process. The run gets nothing."""
     run_id = client.create_run("0").info.run_id
     args = ["--runs", f"small={run_id}", "--epochs", "1"]
     if mode == "mpirun":
         results = launch("mpirun", tmp_path, [mlflow_server.url] * 2, args, per_process=[["--launch", "none"]] * 2)
         expected = ["LauncherMismatchError: hvd-mlflow: Open MPI's mpirun started 2 processes"]
-    else:
+    elif mode == "no-distribution":
         results = launch("explicit", tmp_path, [mlflow_server.url] * 2, [*args, "--no-distribution"])
         expected = ["LauncherMismatchError: hvd-mlflow: JAX runs 2 processes (keras.distribution.initialize())"]
+    else:
+        results = launch("explicit", tmp_path, [mlflow_server.url] * 2, [*args, "--auto-shard"])
+        expected = ["ValueError: When using a multi-worker distribution with auto-sharding enabled"]
     for code, output in results:
         assert code != 0 and all(line in output for line in expected), output[-3000:]
     if mode == "mpirun":  # each of the two processes said it

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
@@ -123,16 +124,22 @@ def arrays(data, process: int) -> tuple[tuple, tuple]:
 class Seen(keras.callbacks.Callback):
     """What the callbacks after hvd-mlflow's see: every batch's and epoch's logs."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: float = 0.0) -> None:
         super().__init__()
+        self.pause = pause  # seconds after each batch: epochs long enough for the system sampler's readings
         self.batches: list[dict[str, float]] = []
         self.epochs: list[dict[str, float]] = []
+        self.rss_mb: list[float] = []  # this process's resident memory at each epoch's end
 
     def on_train_batch_end(self, batch, logs=None):
+        time.sleep(self.pause)
         self.batches.append({k: float(v) for k, v in (logs or {}).items()})
 
     def on_epoch_end(self, epoch, logs=None):
+        import psutil
+
         self.epochs.append({k: float(v) for k, v in (logs or {}).items()})
+        self.rss_mb.append(psutil.Process().memory_info().rss / 2**20)
 
 
 def start(args: argparse.Namespace) -> tuple[int, int]:
@@ -145,7 +152,7 @@ def start(args: argparse.Namespace) -> tuple[int, int]:
         keras.distribution.initialize()  # the KERAS_DISTRIBUTION_* variables, or JAX's own Open MPI detection
     if args.launch != "none" and not args.no_distribution:
         parallel = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
-        parallel.auto_shard_dataset = False  # each process passes its own shard
+        parallel.auto_shard_dataset = args.auto_shard  # False: each process passes its own shard
         keras.distribution.set_distribution(parallel)
     return jax.process_index(), jax.process_count()
 
@@ -159,6 +166,8 @@ def main() -> None:
     parser.add_argument("--scenarios", default="small")
     parser.add_argument("--runs", default="", help="scenario=run_id,...: the runs the test created")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--pause", type=float, default=0.0, help="seconds to wait after each batch")
+    parser.add_argument("--auto-shard", action="store_true", help="leave Keras' auto_shard_dataset on (arrays)")
     parser.add_argument("--no-distribution", action="store_true", help="initialise, but set no distribution")
     parser.add_argument("--train", type=int, default=TRAIN, help="this process's training samples")
     args = parser.parse_args()
@@ -176,12 +185,12 @@ def main() -> None:
         (x, y, w), validation = arrays(data, process)
         if args.train != TRAIN:  # uneven shards: this process's first samples only
             x, y, w = x[: args.train], y[: args.train], None if w is None else w[: args.train]
-        seen = Seen()
+        seen = Seen(args.pause)
         with mlflow.start_run(run_id=runs.get(name)):
             model.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=args.epochs, validation_data=validation,
                       callbacks=[seen], shuffle=False, verbose=0)  # fmt: skip
             mlflow.log_metric("user_metric", 10.0 + process)  # every process calls it: process 0's reaches the run
-        record["scenarios"][name] = {"batches": seen.batches, "epochs": seen.epochs}
+        record["scenarios"][name] = {"batches": seen.batches, "epochs": seen.epochs, "rss_mb": seen.rss_mb}
         if process == 0:
             np.savez(args.out / f"weights-{name}.npz", *model.get_weights())
     (args.out / f"process{process}.json").write_text(json.dumps(record))
