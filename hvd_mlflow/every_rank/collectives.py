@@ -279,6 +279,10 @@ def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
         topology.check_launcher_world(found.size, keras_flavour.backend(model), allowed=allow_world_of_one)
     if isinstance(found, Jax):
         check_keras_distribution(found.size, allowed=allow_world_of_one)
+        import keras
+
+        if keras.distribution.distribution() is None:  # allowed to train alone: each process is a world of one
+            return Solo()
     return found
 
 

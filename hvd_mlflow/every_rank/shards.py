@@ -6,6 +6,10 @@ never decide anything on that rank alone (errors.py's contract): Keras cannot tr
 fails in the middle of the first epoch, tf_keras before ``on_train_begin``), and that rank alone stopping leaves the
 others waiting in a collective. What cannot be sized without reading it (a generator, a dataset of unknown
 cardinality) is not judged here: Keras then fails on that rank alone, as without hvd-mlflow.
+
+Under ``keras.distribution`` the processes' batches must also be alike (:class:`Batches`): JAX joins them into one
+global batch. What each rank sees of its data is carried in the same agreement, and any difference raises
+``ShardMismatchError`` on every process.
 """
 
 from __future__ import annotations
@@ -68,13 +72,17 @@ def empty_parts(arguments: Mapping[str, Any]) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class Batches:
     """What a rank's batches are made of, from ``fit``'s arguments and Keras' step count (None: not known). An
-    engine that joins every process's batch into one global batch (``keras.distribution``) needs the same on every
-    process; steps and batch sizes given to ``fit`` make the sample counts irrelevant."""
+    engine that joins every process's batch into one global batch (``keras.distribution``) needs them alike on every
+    process: the same steps, each of the same size. A given ``steps_per_epoch`` does not make the sample counts
+    irrelevant: Keras 3 then keeps one iterator over the epochs, and a process whose data runs out first ends its
+    epoch early. For a dataset the counts are its batches: the last one's size is not known here."""
 
     training: int | None = None
     validation: int | None = None
     batch_size: int | None = None
+    validation_batch_size: int | None = None
     steps: int | None = None
+    validation_steps: int | None = None
 
     def fields(self) -> dict[str, int | None]:
         return dataclasses.asdict(self)
@@ -83,11 +91,9 @@ class Batches:
 def batches(arguments: Mapping[str, Any], batch_size: int | None) -> Batches:
     """This rank's :class:`Batches` before Keras counts its steps (:meth:`dataclasses.replace` adds them)."""
     train, validation = sizes(arguments)
-    if arguments.get("steps_per_epoch"):
-        train = None  # a given number of steps: as many samples as each rank has are not all used
-    if arguments.get("validation_steps"):
-        validation = None
-    return Batches(train, validation, batch_size)
+    validation_batch = arguments.get("validation_batch_size") or batch_size
+    given = arguments.get("validation_steps")
+    return Batches(train, validation, batch_size, validation_batch, None, int(given) if given else None)
 
 
 def unequal(by_rank: Sequence[Batches]) -> bool:

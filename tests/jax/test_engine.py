@@ -114,7 +114,7 @@ def test_every_value_equals_one_process_on_the_union_of_both_processes_data(job,
     runs, processes, truths, _, _ = job
     worst: dict[str, float] = {}
     for name in SCENARIOS:
-        seen = [p["scenarios"][name] for p in processes]
+        seen = [{k: p["scenarios"][name][k] for k in ("batches", "epochs")} for p in processes]
         assert seen[0] == seen[1], name  # every process's later callbacks saw the same values
         truth = truths[name]["epoch"]
         assert len(truth) >= 12, truth
@@ -212,8 +212,8 @@ def test_processes_with_different_batches_are_refused_on_every_process(tmp_path,
     for code, output in results:
         assert code != 0, output[-3000:]
         assert "ShardMismatchError: hvd-mlflow: keras.distribution joins every process's" in output, output[-3000:]
-        assert "process 0: training 48, validation 24, batch size 16, steps 3" in output
-        assert "process 1: training 40, validation 24, batch size 16, steps 3" in output
+        assert "process 0: training 48, validation 24, batch size 16, validation batch size 16, steps 3" in output
+        assert "process 1: training 40, validation 24, batch size 16, validation batch size 16, steps 3" in output
     assert client.get_metric_history(run_id, "loss") == []
     assert os.path.exists(tmp_path) and not list(tmp_path.glob("process*.json"))
 
@@ -241,3 +241,21 @@ def test_processes_that_keras_distribution_does_not_join_are_refused_on_every_pr
     if mode == "mpirun":  # each of the two processes said it
         assert results[0][1].count(expected[0]) == 2, results[0][1][-3000:]
     assert client.get_metric_history(run_id, "loss") == []
+
+
+def test_processes_allowed_to_train_alone_each_log_as_one_process(tmp_path, mlflow_server, client):
+    """``allow_world_of_one``: JAX processes initialised with no distribution, each meant to train alone, each log as
+    a world of one into their own run (before, the keras.distribution engine was chosen anyway: the run said
+    "global batch" for values that were each process's own, and uneven data would have been refused)."""
+    runs = [client.create_run("0").info.run_id for _ in (0, 1)]
+    results = launch("explicit", tmp_path, [mlflow_server.url] * 2, ["--epochs", "1", "--no-distribution"],
+                     per_process=[["--runs", f"small={runs[0]}"], ["--runs", f"small={runs[1]}", "--train", "40"]],
+                     env={"HVD_MLFLOW_ALLOW_WORLD_OF_ONE": "1"})  # fmt: skip
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    processes = records(tmp_path)
+    for process, run_id in zip(processes, runs, strict=True):
+        run = client.get_run(run_id)
+        assert run.data.tags["hvd_mlflow.engine"] == "single process" and run.data.params["world_size"] == "1"
+        assert [v for _, v in history(client, run_id, "loss")] == [process["scenarios"]["small"]["epochs"][0]["loss"]]
+    assert processes[0]["scenarios"]["small"]["epochs"] != processes[1]["scenarios"]["small"]["epochs"]  # their own

@@ -41,16 +41,21 @@ def test_the_message_names_each_empty_rank_and_shard():
 def test_batches_differ_only_in_what_every_rank_knows():
     """keras.distribution's check: sample counts, batch sizes and steps, each compared where known."""
     even = shards.batches({"x": np.zeros((48, 2)), "validation_data": (np.zeros((24, 2)), None)}, 16)
-    assert even == shards.Batches(48, 24, 16)
+    assert even == shards.Batches(48, 24, 16, 16)
     assert not shards.unequal([even, even])
     short = shards.batches({"x": np.zeros((40, 2)), "validation_data": (np.zeros((24, 2)), None)}, 16)
     assert shards.unequal([even, short])  # the last batches: 16 and 8
-    # a given number of steps uses as many samples as it needs: the counts do not matter, the steps do
+    # a given number of steps does not make the counts irrelevant: Keras 3 keeps one iterator over the epochs, and
+    # the process with fewer batches ends its second epoch early
     stepped = [shards.batches({"x": np.zeros((n, 2)), "steps_per_epoch": 3}, 16) for n in (48, 64)]
-    assert not shards.unequal(stepped)
-    assert shards.unequal([dataclasses.replace(stepped[0], steps=3), dataclasses.replace(stepped[1], steps=4)])
+    assert shards.unequal(stepped)
+    assert shards.unequal([dataclasses.replace(even, steps=3), dataclasses.replace(even, steps=4)])
+    # validation batches of other sizes, or other numbers of them
+    assert shards.unequal([even, shards.batches({"x": np.zeros((48, 2)), "validation_batch_size": 8,
+                                                 "validation_data": (np.zeros((24, 2)), None)}, 16)])  # fmt: skip
+    assert shards.unequal([dataclasses.replace(even, validation_steps=n) for n in (1, 2)])
     split = [shards.batches({"x": np.zeros((n, 2)), "validation_split": 0.25}, 8) for n in (40, 40)]
-    assert split[0] == shards.Batches(30, 10, 8) and not shards.unequal(split)
-    assert shards.unequal([even, shards.Batches(48, None, 16)])  # one has validation data, the other none
+    assert split[0] == shards.Batches(30, 10, 8, 8) and not shards.unequal(split)
+    assert shards.unequal([even, shards.Batches(48, None, 16, 16)])  # one has validation data, the other none
     message = shards.unequal_message([even, short])
     assert "process 1: training 40, validation 24, batch size 16" in message and "drop the remainder" in message
