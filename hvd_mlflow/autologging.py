@@ -109,8 +109,8 @@ def autolog(
     given.pop("disable")
     _options = AutologOptions.resolve(**given)  # once: bad values fail here, not in fit
     _run_id = destination.run_id_from_environment()
-    if _options.guard_other_ranks:  # when MLflow is imported: autolog() imports none
-        mlflow_calls.install_when_imported(topology.current().rank, _run_id)
+    # when MLflow is imported (autolog() imports none): MLflow's Keras autologging off on every rank, either way
+    mlflow_calls.install_when_imported(topology.current().rank, _run_id, guard_writes=_options.guard_other_ranks)
     dependencies.require_training_stack()
     global _hooked
     if not _hooked:  # each flavour's Model.fit is patched when that flavour is imported (at once if it is)
@@ -164,7 +164,9 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
             )
             world = topology.current()  # TensorBoard calls no collective: a per-rank choice is safe (rule 2)
             users = tensorboard.for_rank(_callbacks_in(given), world.rank, options.tensorboard_per_rank)
-            folders = _tensorboard_uploads(users, world.rank, world.size, options)  # rank 0: never raises
+            folders: list[Any] = []
+            with callback._rank0.step("TensorBoard's folders"):  # rank 0 alone: degrades, never raises (rule 1)
+                folders = _tensorboard_uploads(users, world.rank, world.size, options)
             batch = batch_size.of_fit(bound.arguments)  # given, Keras' default, or the tf.data pipeline's
             callback._set_fit_arguments(batch_size=batch, empty_shards=empty, folders=folders,
                                         batches=shards.batches(bound.arguments, batch))  # fmt: skip

@@ -36,7 +36,7 @@ from ..config import REDUCTIONS
 from ..errors import MetricKeyMismatchError
 from .collectives import Collectives
 from .metric_state import MetricState, compute_all
-from .tracing import READY_KEY, Agreement
+from .tracing import HEALTHY_KEY, READY_KEY, Agreement
 
 _SIGNATURE_BITS = 20
 
@@ -208,15 +208,17 @@ class Reducer:
             slices.append((at, at + pack.vector.size))
             at += pack.vector.size
         carry = list(parts[-1].carry)
-        if READY_KEY in carry:  # from this collective on (every rank reads the same sum), compiled if all were ready
-            ready_at = slices[-1][1] - len(carry) + carry.index(READY_KEY)
-            self.agreement.learn({READY_KEY: float(total[ready_at])}, size)
+        if READY_KEY in carry:  # from this collective on (every rank reads the same sums), compiled if all were ready
+            at = slices[-1][1] - len(carry)
+            agreed = {key: float(total[at + carry.index(key)]) for key in (READY_KEY, HEALTHY_KEY) if key in carry}
+            self.agreement.learn(agreed, size)
         # exact: every part's results from its summed states, all together (the states of one model)
         computed: list[dict[str, float]] = []
         if self.mode == "exact":
             states = [state for pack in packed for state in pack.states]
             summed = [x for pack, (a, _) in zip(packed, slices, strict=True) for x in _summed_states(pack, total[a:])]
-            computed = compute_all(states, summed, compiled=self.agreement.compiled) if states else []
+            agreed = self.agreement
+            computed = compute_all(states, summed, compiled=agreed.compiled, healthy=agreed.healthy) if states else []
         results, at_state = [], 0
         for part, pack, (a, b) in zip(parts, packed, slices, strict=True):
             own = computed[at_state : at_state + len(pack.states)]

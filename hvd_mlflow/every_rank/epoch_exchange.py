@@ -175,8 +175,8 @@ class EpochExchange:
 
     def _epoch_carry(self) -> dict[str, float]:
         """What rides in the epoch's collective besides the metrics (the same keys on every rank)."""
-        ready = tracing.Agreement.carry(self._traced) if self._traced is not None else {tracing.READY_KEY: 0.0}
-        carry: dict[str, float] = dict(ready)  # whether this rank's traced functions are ready (agreed: tracing.py)
+        # whether this rank's traced functions are ready, and none of its compiled calls failed (agreed: tracing.py)
+        carry = tracing.Agreement.carry(self._traced, metric_state.healthy(self.model))
         if self._checks_divergence():  # every rank: its weights' fingerprint (or NaN)
             try:
                 carry.update(divergence.carry(self.model, self._reducer.agreement.compiled))

@@ -70,20 +70,28 @@ class MetricState:
         return self._samples
 
 
-def compute_all(states: list[MetricState], summed: list[np.ndarray], compiled: bool = False) -> list[dict[str, float]]:
+def compute_all(
+    states: list[MetricState], summed: list[np.ndarray], compiled: bool = False, healthy: bool = True
+) -> list[dict[str, float]]:
     """Each state's results from its summed state: states read from the same metrics (an epoch's training and
-    validation) together, others one by one; ``compiled``: agreed by every rank (:mod:`.tracing`)."""
+    validation) together, others one by one; ``compiled`` and ``healthy``: agreed by every rank (:mod:`.tracing`)."""
     source = states[0].source if states else None
     if len(states) > 1 and source is not None and all(s.source is source for s in states):
-        results = source.many(summed, compiled=compiled)
+        results = source.many(summed, compiled=compiled, healthy=healthy)
         return [{state.prefix + k: v for k, v in out.items()} for state, out in zip(states, results, strict=True)]
-    return [_computed(state, values, compiled) for state, values in zip(states, summed, strict=True)]
+    return [_computed(state, values, compiled, healthy) for state, values in zip(states, summed, strict=True)]
 
 
-def _computed(state: MetricState, summed: np.ndarray, compiled: bool) -> dict[str, float]:
+def _computed(state: MetricState, summed: np.ndarray, compiled: bool, healthy: bool) -> dict[str, float]:
     if state.source is None:  # a state of some other origin: its own computation
         return state.compute(summed)
-    return {state.prefix + k: v for k, v in state.source.many([summed], compiled=compiled)[0].items()}
+    return {state.prefix + k: v for k, v in state.source.many([summed], compiled, healthy)[0].items()}
+
+
+def healthy(model: Any) -> bool:
+    """Whether none of this rank's compiled calls for ``model`` failed (carried in the epoch collective)."""
+    found = _COMPUTERS.get(model)
+    return found is None or not found.fell_back
 
 
 def leaf_metrics(model: Any) -> list[Any]:
@@ -253,7 +261,8 @@ class _Computer:
         self._compiled: dict[int, Any] = {}  # number of states (logged batches') -> concrete function
         self.traced: Traced | None = None  # {number of states: concrete function}, traced in the background
         self._reader: Any = None
-        self._eager = False
+        self._eager = False  # the state is read eagerly (the compiled reader failed here: the same bits either way)
+        self.fell_back = False  # a compiled call of results failed on this rank (carried: every rank then goes eager)
         self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
         self._snapshot: Any = None  # reads each variable as an eager tensor (False: these variables cannot)
         self._raw: list[Any] | None = None  # the TensorFlow variables behind the metric variables (eager assigns)
@@ -293,11 +302,12 @@ class _Computer:
         """How many samples ``flat`` covers (the loss tracker's count), 1 if unknown."""
         return float(flat[self._count_at]) if self._count_at is not None else 1.0
 
-    def many(self, summed: list[np.ndarray], compiled: bool = False) -> list[dict[str, float]]:
+    def many(self, summed: list[np.ndarray], compiled: bool = False, healthy: bool = True) -> list[dict[str, float]]:
         """The results of each summed state (unprefixed), the variables left as they were. ``compiled``: every
-        rank has its traced call (agreed in the epoch collective), so this one may use it."""
+        rank has its traced call, so this one may use it; ``healthy``: no rank's compiled call has failed, so logged
+        batches' states may be computed compiled (both agreed in the epoch collective: :mod:`.tracing`)."""
         count = len(summed)
-        if not self._eager:
+        if healthy:
             try:
                 if count > EAGER_UP_TO_STATES:
                     return self._call(self._concrete(count), summed)
@@ -306,8 +316,8 @@ class _Computer:
                     if together is not None:
                         return self._call(together, summed)
                     return [self._call(self.traced.concrete[1], [state])[0] for state in summed]
-            except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
-                self._eager = True
+            except Exception:  # noqa: BLE001 - this call eagerly, here; every rank eagerly from the next collective
+                self.fell_back = True
         # restore the state as last read (the state the variables hold now, and held when a compiled call that failed
         # began, perhaps after putting the summed state in: a call always follows a read, with no step in between)
         saved = _flat(self._last_read) if self._last_read is not None else self._read_eagerly()

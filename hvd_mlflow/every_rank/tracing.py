@@ -14,7 +14,10 @@ switch at the same epoch: each rank carries whether its functions are ready in t
 learned by :class:`~hvd_mlflow.every_rank.aggregate.Reducer` before it computes that collective's results; the
 weights' fingerprint, computed before the collective, follows from the next epoch). A process that joins under
 Horovod elastic reports "not ready" until its own trace is done: everyone waits for it, eagerly. A trace that fails
-leaves its rank eager, and so every rank.
+leaves its rank eager, and so every rank. A compiled call that fails on one rank (a rank's own trouble: memory, a
+thread) makes that call eager there alone, its values equal to the others' within float32 rounding, not bit for bit;
+the rank then carries it (:data:`HEALTHY_KEY`), and from the next collective every rank computes eagerly, for the
+rest of the fit: no rank keeps a path of its own.
 
 Example::
 
@@ -30,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 READY_KEY = "compiled_ready"  # what each rank carries in the epoch's collective: 1.0 when its functions are traced
+HEALTHY_KEY = "compiled_healthy"  # and 1.0 while none of its compiled calls has failed
 
 
 class Traced:
@@ -73,13 +77,17 @@ class Agreement:
 
     def __init__(self) -> None:
         self.compiled = False  # a fit begins eagerly on every rank
+        self.healthy = True  # no rank's compiled call has failed: compiled calls may be made (logged batches')
 
     @staticmethod
-    def carry(functions: Iterable[Traced | None]) -> dict[str, float]:
-        """This rank's share: 1.0 when every function it will call is traced."""
-        ready = all(f is not None and f.ready for f in functions)
-        return {READY_KEY: 1.0 if ready else 0.0}
+    def carry(functions: Iterable[Traced | None] | None, healthy: bool = True) -> dict[str, float]:
+        """This rank's share: ready when every function it will call is traced, healthy while none of its compiled
+        calls failed."""
+        ready = functions is not None and all(f is not None and f.ready for f in functions)
+        return {READY_KEY: 1.0 if ready and healthy else 0.0, HEALTHY_KEY: 1.0 if healthy else 0.0}
 
     def learn(self, carried: dict[str, float], size: int) -> None:
-        """After an epoch's collective: compiled from the next epoch on once every rank was ready (never back)."""
-        self.compiled = self.compiled or carried.get(READY_KEY, 0.0) == size
+        """After an epoch's collective: compiled once every rank was ready, until any rank's compiled call failed
+        (then eagerly on every rank, never back)."""
+        self.healthy = self.healthy and carried.get(HEALTHY_KEY, float(size)) == size
+        self.compiled = self.healthy and (self.compiled or carried.get(READY_KEY, 0.0) == size)

@@ -35,6 +35,7 @@ FAULTS = {
     "run resolution": "everything: logging is off for the fit (nowhere to log)",
     "model logging": "the model",
     "CSV file": "the CSV file",
+    "TensorBoard folders": "TensorBoard's files (none here); before, rank 0 alone raised before fit",
 }
 INJECTED = {
     "journal create": "injected: disk I/O error",
@@ -46,6 +47,7 @@ INJECTED = {
     "run resolution": "injected: no destination",
     "model logging": "injected: model save failed",
     "CSV file": "injected: read-only csv",
+    "TensorBoard folders": "injected: unreadable log folder",
 }
 
 
@@ -169,3 +171,29 @@ def test_autolog_accepts_a_keras_callback_list(tmp_path, mlflow_server, client):
         history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)
         assert [m.value for m in history] == pytest.approx(want, rel=1e-6)
     report("callback_list", classes=[r["callback_list_class"] for r in ranks])
+
+
+@pytest.mark.once
+def test_a_compiled_call_that_fails_on_one_rank_sends_every_rank_to_the_eager_path_together(tmp_path, mlflow_server,
+                                                                                          client):  # fmt: skip
+    """Rank 1's compiled computation of results from summed states fails once, at epoch 2's end (its own trouble:
+    memory, a thread). That epoch end computes eagerly on rank 1 alone; rank 1 carries it in the next collective, and
+    from then on every rank computes eagerly: rank 0 makes no further compiled call, and every later epoch's values
+    are the same on both ranks, bit for bit, so EarlyStopping(min_delta=0) stops both at the same epoch. Before, rank 1
+    alone stayed eager for the rest of the fit while rank 0 stayed compiled (values equal within float32 rounding:
+    an EarlyStopping comparison could part them, and the job would hang)."""
+    epochs, fail_at = 8, 2
+    args = ["compiled-fault", "--epochs", str(epochs), "--fail-at", str(fail_at)]
+    done = launch.run(tmp_path, args, worker=WORKER, timeout=300,
+                      env={"MLFLOW_TRACKING_URI": mlflow_server.url, "HVD_MLFLOW_TESTING": "0"})  # fmt: skip
+    done.check()
+    ranks = [done.rank(0), done.rank(1)]
+    assert ranks[0]["epochs_run"] == ranks[1]["epochs_run"] > fail_at + 1  # both stopped at the same epoch
+    calls = [r["compiled_calls"] for r in ranks]
+    assert all(c[e] > 0 for c in calls for e in range(fail_at)), calls  # compiled before (logged batches' states)
+    assert calls[1][fail_at] == 0 and calls[0][fail_at] > 0, calls  # the failing call: eager on rank 1 alone
+    assert all(c[e] == 0 for c in calls for e in range(fail_at + 1, len(c))), calls  # then eager on every rank
+    assert [r["fell_back"] for r in ranks] == [False, True]
+    for epoch in range(fail_at + 1, ranks[0]["epochs_run"]):  # after the agreement: bit for bit alike
+        assert ranks[0]["seen"][epoch] == ranks[1]["seen"][epoch], epoch
+    report("compiled_fault", compiled_calls=calls, epochs_run=ranks[0]["epochs_run"])

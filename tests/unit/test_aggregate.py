@@ -254,7 +254,7 @@ def test_the_collective_that_shows_every_rank_ready_switches_its_own_results_to_
     calls = []
 
     class Source:
-        def many(self, summed, compiled=False):
+        def many(self, summed, compiled=False, healthy=True):
             calls.append("compiled" if compiled else "eager")
             return [{"loss": s[0] / s[1]} for s in summed]
 

@@ -172,7 +172,7 @@ def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_agreed_then_com
     traced_call = computer._call
     computer._call = lambda concrete, summed: calls.append(concrete) or traced_call(concrete, summed)
     again = metric_state.compute_all([state, metric_state.capture(model, prefix="val_")], [train, val], compiled=True)
-    assert calls == [computer.traced.concrete[2]] and not computer._eager  # training and validation: one call
+    assert calls == [computer.traced.concrete[2]] and not computer.fell_back  # training and validation: one call
     alone = computer.many([val], compiled=True)[0]  # an epoch without validation: one state's call
     assert calls[1:] == [computer.traced.concrete[1]] and alone == {k[4:]: v for k, v in first[1].items()}
     assert divergence.fingerprint(model, compiled=True) == fingerprint
@@ -184,6 +184,27 @@ def test_an_epochs_results_and_the_fingerprint_run_eagerly_until_agreed_then_com
     assert sorted(computer._compiled) == [3]
 
 
+def test_a_compiled_call_that_fails_here_computes_eagerly_and_is_carried_so_that_every_rank_follows():
+    """A rank's own failure of a compiled call: that call's results eagerly (the same as the eager path's), the rank
+    marked unhealthy (what it carries in the next collective), and once the agreement says so no compiled call."""
+    model = trained(["mae", keras.metrics.AUC(name="auc")])
+    state = metric_state.capture(model, prefix="")
+    computer = metric_state._computer(model, metric_state._variables(model))
+    many = [state.values + i for i in range(3)]  # logged batches' states: compiled from the first
+    eager = computer._run_eagerly(many, state.values)
+    assert metric_state.healthy(model)
+
+    def fails(concrete, summed):
+        raise MemoryError("injected")
+
+    computer._call = fails
+    assert computer.many(many) == eager and computer.fell_back and not metric_state.healthy(model)
+    calls = []
+    computer._call = lambda concrete, summed: calls.append(concrete)
+    assert computer.many(many, compiled=True, healthy=False) == eager and calls == []  # agreed: eager everywhere
+    assert tracing.Agreement.carry([_Ready()], metric_state.healthy(model))[tracing.HEALTHY_KEY] == 0.0
+
+
 def test_every_rank_switches_to_compiled_at_the_same_epoch_once_all_are_ready():
     """The switch is decided from the epoch collective's sum of each rank's readiness: a rank whose trace is still
     running (a process that joined under elastic, a slower machine) keeps every rank eager; once all are ready,
@@ -191,13 +212,21 @@ def test_every_rank_switches_to_compiled_at_the_same_epoch_once_all_are_ready():
     size = 3
     agreement = tracing.Agreement()
     ready, not_ready = tracing.Agreement.carry([_Ready()]), tracing.Agreement.carry([_Ready(), None])
-    assert ready == {tracing.READY_KEY: 1.0} and not_ready == {tracing.READY_KEY: 0.0}
-    agreement.learn({tracing.READY_KEY: 2 * ready[tracing.READY_KEY] + not_ready[tracing.READY_KEY]}, size)
+    ready_key, healthy_key = tracing.READY_KEY, tracing.HEALTHY_KEY
+    assert ready == {ready_key: 1.0, healthy_key: 1.0} and not_ready == {ready_key: 0.0, healthy_key: 1.0}
+    agreement.learn({ready_key: 2 * ready[ready_key] + not_ready[ready_key], healthy_key: 3.0}, size)
     assert not agreement.compiled
-    agreement.learn({tracing.READY_KEY: 3.0}, size)
+    agreement.learn({ready_key: 3.0, healthy_key: 3.0}, size)
     assert agreement.compiled
-    agreement.learn({tracing.READY_KEY: 2.0}, size)  # agreed once, for the rest of the fit
+    agreement.learn({ready_key: 2.0, healthy_key: 3.0}, size)  # agreed once, for the rest of the fit
     assert agreement.compiled and not tracing.Agreement().compiled
+    # one rank's compiled call failed: it carries it, and every rank computes eagerly from then on, never back
+    failed = tracing.Agreement.carry([_Ready()], healthy=False)
+    assert failed == {ready_key: 0.0, healthy_key: 0.0}
+    agreement.learn({ready_key: 2.0, healthy_key: 2.0}, size)
+    assert not agreement.compiled and not agreement.healthy
+    agreement.learn({ready_key: 3.0, healthy_key: 3.0}, size)
+    assert not agreement.compiled and not agreement.healthy
 
 
 class _Ready:

@@ -13,6 +13,9 @@ Scenarios (each rank writes ``rank<R>.json`` in ``--out``):
   ``BroadcastGlobalVariablesCallback`` where it works, else the project's own broadcast).
 * ``guard``: rank 1 is pointed at its own tracking URI and tries every MLflow write path.
 * ``callback-list``: ``fit(callbacks=<a Keras CallbackList>)`` with ``autolog()``.
+* ``compiled-fault``: rank 1's compiled computation of results from summed states fails once (at the epoch end
+  ``--fail-at``), as a rank's own trouble would (memory, a thread); per epoch end each rank records which path it
+  computed on (compiled calls made) and the values every later callback saw, with ``EarlyStopping(min_delta=0)``.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from common import (
 
 import hvd_mlflow
 from hvd_mlflow.delivery import destination, journal, sender
-from hvd_mlflow.every_rank import keras_flavour, names, run_params
+from hvd_mlflow.every_rank import keras_flavour, metric_state, names, run_params, tensorboard
 from hvd_mlflow.rank_zero import model_logging
 
 
@@ -102,6 +105,7 @@ INJECTIONS: dict[str, tuple[object, str, Callable[[Callable[..., object]], Calla
     "run resolution": (destination, "resolve", lambda o: _raises(RuntimeError("injected: no destination"))),
     "model logging": (model_logging, "log_model", lambda o: _raises(OSError("injected: model save failed"))),
     "CSV file": (keras_flavour, "csv_logger", lambda o: _raises(PermissionError("injected: read-only csv"))),
+    "TensorBoard folders": (tensorboard, "uploads", lambda o: _raises(OSError("injected: unreadable log folder"))),
 }  # fmt: skip
 
 
@@ -266,7 +270,43 @@ def callback_list(args: argparse.Namespace, record: Record) -> None:
     record.save()
 
 
-SCENARIOS = {"faults": faults, "resume-recipe": resume_recipe, "guard": guard, "callback-list": callback_list}
+def compiled_fault(args: argparse.Namespace, record: Record) -> None:
+    rank = hvd.rank()
+    computer_call = metric_state._Computer._call
+    calls: dict = {"epoch": -1, "failed": False, "compiled": []}  # compiled calls made at each epoch's end
+
+    def call(concrete, summed):
+        if rank == 1 and calls["epoch"] == args.fail_at and not calls["failed"]:
+            calls["failed"] = True
+            raise MemoryError("injected: rank 1's compiled call failed")
+        calls["compiled"][-1] += 1
+        return computer_call(concrete, summed)
+
+    class Counter(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            calls["epoch"] = epoch
+            calls["compiled"].append(0)
+
+    metric_state._Computer._call = staticmethod(call)
+    hvd_mlflow.autolog(log_every_n_steps=1)
+    model = small_model(learning_rate=0.05)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy",
+                  metrics=["accuracy", keras.metrics.AUC(name="auc")])  # fmt: skip
+    x, y = data(rank, 96)
+    xv, yv = data(rank, 48, seed=10)
+    seen = SeenLogs(record)
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=0, patience=3)
+    history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
+                        callbacks=[Counter(), seen, stop])  # fmt: skip
+    record["compiled_calls"] = calls["compiled"]
+    record["epochs_run"] = len(history.history["loss"])
+    healthy = getattr(metric_state, "healthy", None)  # (older versions: none)
+    record["fell_back"] = not healthy(model) if healthy else None
+    record.save()
+
+
+SCENARIOS = {"faults": faults, "resume-recipe": resume_recipe, "guard": guard, "callback-list": callback_list,
+             "compiled-fault": compiled_fault}  # fmt: skip
 
 
 def main() -> None:
@@ -279,6 +319,7 @@ def main() -> None:
     parser.add_argument("--broadcast", choices=["horovod", "own"], default="own")
     parser.add_argument("--rank1-uri", default="")
     parser.add_argument("--run-id", default="")
+    parser.add_argument("--fail-at", type=int, default=2)  # compiled-fault: the epoch end rank 1's call fails at
     parser.add_argument("--again-after", type=float, default=float("inf"))  # faults: seconds over the baseline
     args = parser.parse_args()
     hvd.init()
