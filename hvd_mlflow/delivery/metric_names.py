@@ -31,7 +31,7 @@ class MetricNames:
         run: RunLifecycle,
         limits: Limits,
         csv: OverBudgetCsv,
-        user_metric_names: Callable[[], Iterable[str]],
+        user_metric_names: Callable[[str | None], Iterable[str]],
     ) -> None:
         self.journal = journal
         self.run = run
@@ -62,7 +62,7 @@ class MetricNames:
             existing = self.run.contents.metric_names if self.run.contents else set()
             limit = self.limits.metric_names_per_run
             shared = run_names(self.run.run_id, limit)  # the user's own calls on rank 0 check the same record
-            self.budget = MetricBudget(limit, existing, self._user_metric_names(), names=shared)
+            self.budget = MetricBudget(limit, existing, self._user_metric_names(self.run.run_id), names=shared)
             self.budget.settle(k for e in metrics for k in e.payload)
             self.warn_over_budget()
         return self.budget or MetricBudget(0, settled=False)

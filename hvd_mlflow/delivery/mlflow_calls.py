@@ -104,29 +104,27 @@ def _warn(name: str) -> None:
     )
 
 
-_user_metrics: dict[str, None] = {}  # the metric names the user logged on rank 0, in order
+_user_metrics: dict[str, dict[str, None]] = {}  # run id -> the metric names the user logged into it on rank 0
 
 
-def user_metric_names() -> list[str]:
-    """The metric names user code logged through MLflow in this process (rank 0): the metric-name budget keeps
-    their places before hvd-mlflow's own extras."""
-    return list(_user_metrics)
+def user_metric_names(run_id: str | None) -> list[str]:
+    """The metric names user code logged through MLflow into run ``run_id`` in this process (rank 0), in order:
+    that run's metric-name budget keeps their places before hvd-mlflow's own extras."""
+    return list(_user_metrics.get(run_id or "", {}))
 
 
 def _note_user_metrics(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    if getattr(_local, "internal", False):
+    """Note the metric names of a user's write, by run: every fluent write ends in one of the client's two
+    (``MlflowClient.log_metric(run_id, key, ...)``, ``MlflowClient.log_batch(run_id, metrics, ...)``)."""
+    if getattr(_local, "internal", False) or name not in _METRIC_WRITES:
         return
     try:
-        if name in ("log_metric", "MlflowClient.log_metric"):
-            at = 0 if name == "log_metric" else 2  # fluent (key, ...) / client (self, run_id, key, ...)
-            keys = [kwargs.get("key", args[at] if len(args) > at else None)]
-        elif name == "log_metrics":
-            keys = list(kwargs.get("metrics", args[0] if args else {}) or {})
-        elif name == "MlflowClient.log_batch":
-            keys = [m.key for m in kwargs.get("metrics", args[2] if len(args) > 2 else ()) or ()]
+        run_id = kwargs.get("run_id", args[1] if len(args) > 1 else None)
+        if name == "MlflowClient.log_metric":
+            keys = [kwargs.get("key", args[2] if len(args) > 2 else None)]
         else:
-            return
-        _user_metrics.update(dict.fromkeys(str(k) for k in keys if k is not None))
+            keys = [m.key for m in kwargs.get("metrics", args[2] if len(args) > 2 else ()) or ()]
+        _user_metrics.setdefault(str(run_id), {}).update(dict.fromkeys(str(k) for k in keys if k is not None))
     except Exception:  # noqa: BLE001 - noting names is a help to the budget, never a reason to fail the call
         return
 
@@ -231,15 +229,16 @@ def _stand_in_run(call: Mapping[str, Any]) -> Any:
     return StandInRun(stand_ins.started_run(call))
 
 
-def install_when_imported(rank: int, run_id: str | None) -> None:
+def install_when_imported(rank: int, run_id: str | None, guard_writes: bool = True) -> None:
     """:func:`install` as soon as MLflow is imported, by the user's code or by rank 0's sender (at once if it is
     already): ``autolog()`` itself imports no MLflow, which takes a second or more. A post-import hook of ``wrapt``
     (TensorFlow's own dependency), so that ``from mlflow import log_metric`` after ``autolog()`` gets the guarded
-    function too."""
+    function too. ``guard_writes`` False (``guard_other_ranks=False``): MLflow's writes are left as they are, and
+    only MLflow's own TensorFlow/Keras autologging is turned off."""
     import wrapt
 
     with _lock:
-        _state["wanted"] = (rank, run_id)
+        _state["wanted"] = (rank, run_id, guard_writes)
         module = sys.modules.get("mlflow")
         imported = module is not None and not getattr(getattr(module, "__spec__", None), "_initializing", False)
         if not _state.get("hooked"):  # wrapt calls it at once when MLflow is imported already
@@ -256,22 +255,36 @@ def _install_wanted(mlflow_module: Any) -> None:
         if wanted is None:  # undone by autolog(disable=True) before MLflow was imported
             return
         try:
-            install(*wanted, job_mode=destination.is_azureml_job(mlflow_module.get_tracking_uri()))
+            rank, run_id, guard_writes = wanted
+            job_mode = destination.is_azureml_job(mlflow_module.get_tracking_uri())
+            install(rank, run_id, job_mode=job_mode, guard_writes=guard_writes)
         except Exception as error:  # noqa: BLE001 - an MLflow this code does not know: writes stay unguarded
             warn_once("guard-failed", "hvd-mlflow: MLflow calls on ranks other than 0 could not be guarded (%s: %s)",
                       type(error).__name__, error)  # fmt: skip
 
 
-def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
+def install(rank: int, run_id: str | None, job_mode: bool = False, guard_writes: bool = True) -> None:
     """Guard MLflow in this process (once; :func:`uninstall` undoes it). Every wrapper asks the rank at call
-    time; ``rank`` is the rank now, for the record."""
+    time; ``rank`` is the rank now, for the record. MLflow's own TensorFlow/Keras autologging is off on every rank,
+    with or without ``guard_writes`` (the writes of ranks other than 0 made no-ops)."""
     import mlflow
-    from mlflow.tracking import fluent
     from mlflow.utils.import_hooks import register_post_import_hook
 
     if _state["rank"] is not None:
         return
     _state["rank"] = rank
+    for module_name in AUTOLOG_FLAVOURS:
+        register_post_import_hook(_guard_flavour_autolog, module_name, overwrite=False)
+        if module_name in sys.modules:
+            _guard_flavour_autolog(sys.modules[module_name])
+    if guard_writes:
+        _guard_writes(mlflow, run_id, job_mode)
+
+
+def _guard_writes(mlflow: Any, run_id: str | None, job_mode: bool) -> None:
+    """Every MLflow write on ranks other than 0 a no-op that returns what MLflow promises (stand_ins.py)."""
+    from mlflow.tracking import fluent
+
     job_run = stand_ins.job_run_id(run_id, job_mode)
     stand_ins.reset(job_run)
     restore = job_run if job_mode else None  # the variable rank 0's MLflow must keep finding
@@ -284,10 +297,6 @@ def install(rank: int, run_id: str | None, job_mode: bool = False) -> None:
         _patch(owner, "end_run", _end_run(owner.end_run, restore))
     _patch(mlflow, "autolog", _rank_zero_only("autolog", mlflow.autolog))
     _guard_client()
-    for module_name in AUTOLOG_FLAVOURS:
-        register_post_import_hook(_guard_flavour_autolog, module_name, overwrite=False)
-        if module_name in sys.modules:
-            _guard_flavour_autolog(sys.modules[module_name])
 
 
 def _keep_job_run(job_run: str | None) -> None:

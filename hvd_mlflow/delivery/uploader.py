@@ -63,7 +63,7 @@ class Uploader:
         client: Any,
         limits: Limits,
         should_stop: Callable[[], bool] = lambda: False,
-        user_metric_names: Callable[[], Iterable[str]] = tuple,
+        user_metric_names: Callable[[str | None], Iterable[str]] = lambda run_id: (),
     ) -> None:
         self.journal = journal
         self.client = client

@@ -24,10 +24,6 @@ def test_a_user_name_over_the_limit_goes_to_a_csv_and_the_run_keeps_its_limit(
     for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HVD_MLFLOW_JOURNAL_DIR", str(tmp_path / "journal"))
-    from hvd_mlflow.delivery import mlflow_calls
-
-    # the user's names are this process's: earlier tests in the same worker logged theirs (they would take places)
-    monkeypatch.setattr(mlflow_calls, "_user_metrics", {})
     mlflow.set_tracking_uri(mlflow_server.url)
     experiment = client.create_experiment(f"user-names-{uuid.uuid4().hex[:8]}")
     # 4 Keras names + hvd-mlflow's 3 per-epoch extras: the 7 places of max_metric_names=7

@@ -40,3 +40,20 @@ def test_the_optional_names_leave_a_tenth_of_the_places_for_the_user_s_later_nam
     assert not budget.admits("m0_rank_max") and budget.over[0] == "m0_rank_max"  # it would take the user's place
     assert names.admit("user_score")  # the user's later name: the place kept
     assert not names.admit("test_score") and len(names.names) == 20  # never past the limit, whoever logs
+
+
+def test_the_user_s_names_are_kept_by_run(monkeypatch):
+    """Names a user logged into one run take no place in another run's budget (they were process-wide: an earlier
+    run's names, in the same process, took places in every later run's)."""
+    from mlflow.entities import Metric
+
+    from hvd_mlflow.delivery import mlflow_calls
+
+    monkeypatch.setattr(mlflow_calls, "_user_metrics", {})
+    mlflow_calls._note_user_metrics("MlflowClient.log_metric", (None, "run-a", "score", 1.0), {})
+    mlflow_calls._note_user_metrics(
+        "MlflowClient.log_batch", (None,), {"run_id": "run-b", "metrics": [Metric("f1", 1.0, 0, 0)]}
+    )
+    mlflow_calls._note_user_metrics("log_metric", ("ignored", 1.0), {})  # fluent: noted where it ends, in the client
+    assert mlflow_calls.user_metric_names("run-a") == ["score"]
+    assert mlflow_calls.user_metric_names("run-b") == ["f1"] and mlflow_calls.user_metric_names("run-c") == []
