@@ -116,6 +116,10 @@ class Sender:
         self._run_opened = threading.Event()
         self._begun = threading.Event()  # the first epoch is over (or the fit is): MLflow's import may start
         self._last_send = 0.0
+        # The record of the server's answers, written by the sender's thread (each call) and the end of fit's probe
+        # threads, read by the training thread: under this lock. The end of fit's own state (_probed_at, _asking,
+        # _down_since, _answers_when_down) belongs to the training thread alone.
+        self._health = threading.Lock()
         self._call_since: float | None = None  # when the server call in flight began
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
         self._answered = False  # the server answered a call (even with a refusal; a 5xx is no answer: no data taken)
@@ -170,23 +174,31 @@ class Sender:
         """The sender's own evidence that the server does not answer: the circuit is open, the end of fit's probe
         found it unable to answer (refused, closed without an answer, 5xx), or the call in flight has waited
         :data:`UNANSWERED_S` and :data:`SILENT_FACTOR` times the slowest answer so far."""
-        if self._backoff.is_open or self._unreachable:
-            return True
-        since = self._call_since
+        with self._health:
+            if self._backoff.is_open or self._unreachable:
+                return True
+            since, slowest = self._call_since, self._slowest_answer_s
         waited = time.monotonic() - since if since is not None else 0.0
-        return waited > max(UNANSWERED_S, SILENT_FACTOR * self._slowest_answer_s)
+        return waited > max(UNANSWERED_S, SILENT_FACTOR * slowest)
+
+    def _calling(self, started: float | None) -> None:
+        """The sender's thread: a call to the server began at ``started`` (``None``: it ended)."""
+        with self._health:
+            self._call_since = started
 
     def _answered_after(self, started: float) -> None:
-        self._answers += 1  # first: a probe that began before this answer sees it (_ask_address)
-        self._answered, self._unreachable = True, False
-        self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
+        with self._health:
+            self._answers += 1  # a probe that began before this answer sees it (_ask_address)
+            self._answered, self._unreachable = True, False
+            self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
     def _probe(self) -> bool:
         """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
         short-lived thread, whether the server can answer (reachability.cannot_answer). True if asked."""
-        since = self._call_since
+        with self._health:
+            since, unreachable, answered = self._call_since, self._unreachable, self._answered
         waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
-        if self._unreachable or not (waiting or not self._answered):
+        if unreachable or not (waiting or not answered):
             return False
         threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True).start()
         return True
@@ -200,14 +212,16 @@ class Sender:
             asking = self._asking = threading.Thread(target=self._ask_address, name="hvd-mlflow-probe", daemon=True)
             asking.start()
         asking.join(wait)
-        return self._unreachable
+        with self._health:
+            return self._unreachable
 
     def _ask_address(self) -> None:
-        answers = self._answers
+        """A probe thread: the server cannot answer, unless it answered a call while it was asked."""
+        with self._health:
+            answers = self._answers
         if reachability.cannot_answer(self._tracking_uri):
-            self._unreachable = True
-            if self._answers != answers:  # an answer came meanwhile (_answered_after counts before it clears)
-                self._unreachable = False
+            with self._health:
+                self._unreachable = self._answers == answers
 
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the training's outcome (``None``: leave the run as it is), wait for delivery until
@@ -258,10 +272,13 @@ class Sender:
     def _note_down(self, now: float) -> None:
         """At the end of fit: the server is known down from the first moment :meth:`server_down` says so, until it
         answers a call (a new attempt alone, which makes the call in flight young again, does not undo it)."""
-        if self.server_down():
+        down = self.server_down()
+        with self._health:
+            answers = self._answers
+        if down:
             if self._down_since is None:
-                self._down_since, self._answers_when_down = now, self._answers
-        elif self._down_since is not None and self._answers != self._answers_when_down:
+                self._down_since, self._answers_when_down = now, answers
+        elif self._down_since is not None and answers != self._answers_when_down:
             self._down_since = None
 
     def stop(self, wait: float = 0.0) -> None:
@@ -409,7 +426,8 @@ class _NoticingAnswers:
 
         def call(*args: object, **kwargs: object) -> object:
             sender = self._sender
-            started = sender._call_since = time.monotonic()
+            started = time.monotonic()
+            sender._calling(started)
             try:
                 result = attribute(*args, **kwargs)
             except Exception as error:
@@ -418,7 +436,7 @@ class _NoticingAnswers:
                     sender._answered_after(started)  # (or MLflow's retries given up on them) means it cannot take data
                 raise
             finally:
-                sender._call_since = None
+                sender._calling(None)
             sender._answered_after(started)
             return result
 

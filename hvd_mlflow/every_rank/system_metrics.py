@@ -4,15 +4,22 @@ the maximum, as ``system/<name>_min|_mean|_max|_max_rank``. A job runs at the sp
 names it, within the metric-name budget (these names come last), with no request from any other rank.
 
 Sampled with psutil (what MLflow's own system-metrics module uses): the process's CPU percent (of one core) and
-resident memory; with NVML (pynvml) the local GPU's utilisation and memory too. A value that cannot be read is NaN
-(every rank sends as many values whatever it can read, so the collective's layout stays the same).
+resident memory; with NVML (pynvml) the GPU this rank trains on too: the local rank's entry of
+``CUDA_VISIBLE_DEVICES`` (an index or a ``GPU-`` UUID, as CUDA reads it; NVML itself ignores the variable), else the
+GPU numbered by the local rank. A value that cannot be read is NaN (every rank sends as many values whatever it can
+read, so the collective's layout stays the same). Without psutil, or without NVML where GPUs are visible, one warning
+says what is missing and how to install it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
+from collections.abc import Mapping
 from typing import Any
+
+from .._log import warn_once
 
 NAMES = ("cpu_percent", "rss_mb", "gpu_percent", "gpu_memory_mb")
 INTERVAL_S = 0.5
@@ -39,7 +46,9 @@ class SystemSampler:
             self._process.cpu_percent(None)  # the first call only starts the count
         except Exception:  # noqa: BLE001 - no psutil: CPU and memory stay NaN
             self._process = None
-        self._gpu = _nvml_handle(self._local_rank)
+            warn_once("system-psutil", "hvd-mlflow: system_metrics is on, but psutil cannot be imported here: no CPU "
+                      "or memory metrics from this process (pip install psutil)")  # fmt: skip
+        self._gpu = _nvml_handle(gpu_of(self._local_rank, os.environ))
         self._thread.start()
 
     def stop(self) -> None:
@@ -76,13 +85,35 @@ class SystemSampler:
         return out
 
 
-def _nvml_handle(local_rank: int) -> Any:
+def gpu_of(local_rank: int, environ: Mapping[str, str]) -> str | int | None:
+    """The GPU this rank trains on, as NVML names it: the local rank's entry of ``CUDA_VISIBLE_DEVICES`` (an index,
+    or a UUID), the local rank itself when the variable is not set, ``None`` when it hides every GPU."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local_rank
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if not entries or entries[0] == "-1":
+        return None
+    entry = entries[local_rank % len(entries)]  # one process per GPU, or every process sees its own GPU alone
+    return int(entry) if entry.isdigit() else entry
+
+
+def _nvml_handle(gpu: str | int | None) -> Any:
+    if gpu is None:
+        return None
     try:
         import pynvml
-
+    except Exception:  # noqa: BLE001 - no NVML: the GPU values stay NaN; said once where GPUs are to be seen
+        if os.path.exists("/dev/nvidia0"):
+            warn_once("system-nvml", "hvd-mlflow: system_metrics is on and this machine has GPUs, but pynvml cannot "
+                      "be imported: no GPU metrics (pip install nvidia-ml-py)")  # fmt: skip
+        return None
+    try:
         pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetHandleByIndex(local_rank)
-    except Exception:  # noqa: BLE001 - no NVML, no GPU: the GPU values stay NaN
+        if isinstance(gpu, str):
+            return pynvml.nvmlDeviceGetHandleByUUID(gpu)
+        return pynvml.nvmlDeviceGetHandleByIndex(gpu)
+    except Exception:  # noqa: BLE001 - no driver, no such GPU: the GPU values stay NaN
         return None
 
 

@@ -30,8 +30,7 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-from .._log import logger
-from ..common.redact import redact
+from .._log import logger, one_line
 
 TESTING_VARIABLE = "HVD_MLFLOW_TESTING"
 
@@ -78,19 +77,11 @@ class RankZeroGuard:
         if key in self._said:
             return
         self._said.add(key)
-        try:
-            detail = redact(str(error))[:300]
-        except Exception:  # noqa: BLE001 - an error whose str() fails still gets its warning
-            detail = "(no message)"
+        detail = one_line(error)
         consequence = (
             "MLflow logging is off for the rest of this fit (what was journaled stays for hvd-mlflow sync)"
             if essential
             else "it is not logged; everything else is"
         )
-        logger.warning(
-            "hvd-mlflow: %s failed on rank 0 (%s: %s); %s. Training goes on.",
-            name,
-            type(error).__name__,
-            detail,
-            consequence,
-        )
+        logger.warning("hvd-mlflow: %s failed on rank 0 (%s); %s. Training goes on.", name, detail, consequence)
+        logger.debug("hvd-mlflow: %s failed on rank 0, whole:", name, exc_info=error)

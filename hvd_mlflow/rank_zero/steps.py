@@ -13,8 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._log import logger, warn_once
-from ..common.redact import redact
+from .._log import logger, one_line, warn_once
 from ..delivery import destination, folder_artifacts, journal
 from ..every_rank import keras_flavour, later_fits, metric_state, run_params
 from . import exit_hook, model_logging
@@ -85,13 +84,13 @@ class RankZeroSteps:
         if error is not None:  # its traceback comes after the delivery, which mpirun may cut when another rank exits
             with self._rank0.step("saying what fit raised"):
                 logger.error(
-                    "hvd-mlflow: fit raised %s: %s; delivering the journal (at most %.0f s) before it goes on (if this "
+                    "hvd-mlflow: fit raised %s; delivering the journal (at most %.0f s) before it goes on (if this "
                     "process is stopped first:  hvd-mlflow sync %s)",
-                    type(error).__name__,
-                    redact(str(error))[:1000],
+                    one_line(error, limit=500),
                     self.options.flush_timeout,
                     run_logger.journal.location,
                 )
+                logger.debug("hvd-mlflow: what fit raised, whole", exc_info=error)
         if status == "FINISHED":
             with self._rank0.step("logging the model"):
                 if self._logs_models():  # the model gets the budget but a part kept for the last epochs

@@ -9,9 +9,9 @@ marks entries acknowledged once the server accepted them; ``hvd-mlflow sync`` up
   protocol the uploader works with;
 - :mod:`.file`: :class:`FileJournal`, one SQLite file per ``fit`` (WAL mode, one synced transaction per epoch),
   so a crash, a SIGKILL or a tracking outage loses nothing;
-- :mod:`.writer`: the OS lock a journal's writer holds (``flock`` on ``<journal>.lock``), and how ``sync``, from
-  any host sharing the directory, tells that a live sender still holds a journal (:func:`writer_state`,
-  :func:`written_now`);
+- :mod:`.writer`: the OS lock a journal's writer holds (``flock`` on ``<journal>.lock``), and how ``sync`` tells
+  that a live sender still holds a journal (on this host; on others only where ``flock`` spans hosts):
+  :func:`writer_state`, :func:`written_now`;
 - :mod:`.memory`: :class:`MemoryJournal`, the same record in this process's memory, bounded, for when no journal
   file can be written;
 - :mod:`.live`: :class:`LiveJournal`, what rank 0's training thread and its sender share: it starts on a file and

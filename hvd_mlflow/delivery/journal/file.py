@@ -93,8 +93,8 @@ class FileJournal(AppendsOne):
 
     # -- liveness --------------------------------------------------------------------------------------
     def take_over(self) -> bool:
-        """Become the journal's writer (for ``sync``): False while another process, on any host sharing the
-        directory, may still send from it."""
+        """Become the journal's writer (for ``sync``): False while another process may still send from it (as far as
+        the filesystem's locks reach: :mod:`.writer`)."""
         if writer_state(self.path) == "unknown" and writer_pid_alive(self.meta()):
             return False
         return self._writer_lock.take()

@@ -1,9 +1,10 @@
 """Who writes a journal: the OS lock its writer holds, and how others tell whether a writer is still there.
 
 While a process may still send from a journal it holds an OS lock on it (``flock`` on ``<journal>.lock``, released
-by the kernel when the process dies, and honoured across hosts on NFS), so ``sync``, from any host sharing the
-directory, never uploads beside a live sender. On a filesystem without locks the writer's pid and host, kept in the
-journal's meta, stand in for the lock.
+by the kernel when the process dies), so ``sync`` never uploads beside a live sender on the same host, nor from
+another host where the filesystem shares ``flock`` across hosts (NFS); on mounts where it is host-local (blobfuse
+and many FUSE mounts), another host does not see the lock. On a filesystem without locks the writer's pid and
+host, kept in the journal's meta, stand in for the lock.
 
 :class:`WriterLock` is taken on rank 0's training thread when the journal file is created (and by ``hvd-mlflow
 sync`` when it takes a journal over), and released when the sender ends; :func:`writer_state` and
@@ -49,8 +50,8 @@ class WriterLock:
 
 
 def writer_state(path: Path) -> str:
-    """``"alive"`` when a process (on any host sharing the directory) holds ``path``'s writer lock, ``"gone"``
-    when none does, ``"unknown"`` when the filesystem cannot tell (no lock file, or no locks)."""
+    """``"alive"`` when a process (on this host, or another where ``flock`` spans hosts) holds ``path``'s writer
+    lock, ``"gone"`` when none does, ``"unknown"`` when the filesystem cannot tell (no lock file, or no locks)."""
     lock = Path(str(path) + LOCK_SUFFIX)
     try:
         fd = os.open(lock, os.O_RDWR)
