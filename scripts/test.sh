@@ -122,8 +122,10 @@ multinode)) and (oldest or azureml or mpirun or not multirank)" TF_USE_LEGACY_KE
 # alone costs ~17 s.
 phases=alone run_suite tfdistribute "$venv_tfd/bin/python" "tfdistribute" TF_USE_LEGACY_KERAS=1
 # Keras 3 on JAX without TensorFlow (marked "jax"): one process, and keras.distribution across processes
-# (docs/support-matrix.md). No TensorFlow in this row: its tests import none.
-run_suite jax "$venv_jax/bin/python" "jax" KERAS_BACKEND=jax
+# (docs/support-matrix.md). No TensorFlow in this row: its tests import none. One phase, one at a time (every test in
+# tests/jax is marked "alone"): for its dozen tests a shared phase's second interpreter, server and collection cost
+# more than they save (CI at 776935f: 66 s shared + 146 s alone, against 161 s in one sequential run).
+phases=alone run_suite jax "$venv_jax/bin/python" "jax" KERAS_BACKEND=jax
 
 echo "== benchmarks, quick mode (the oldest row, TF 2.15: the only environment where the seed recipe runs)"
 t0=$(date +%s)

@@ -342,20 +342,32 @@ def test_a_server_down_for_the_whole_training_costs_it_seconds_not_minutes(tmp_p
     assert extra <= 15.0, (healthy.seconds, down.seconds)
 
 
+@pytest.fixture(scope="module")
+def refused_job(tmp_path_factory, mlflow_server):
+    """The 6-epoch training against an address that refuses connections (the job's run precreated): the baseline
+    both fronts are held to, run once for both."""
+    from mlflow import MlflowClient
+
+    out = tmp_path_factory.mktemp("refused")
+    run_id = precreated_run(MlflowClient(mlflow_server.url))
+    refused = launch.run(out, ["--epochs", "6"], timeout=400,
+                         env={"HVD_MLFLOW_LOG_MODELS": "1", "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
+                              "MLFLOW_RUN_ID": run_id})  # fmt: skip
+    finished_ranks(refused)
+    return refused
+
+
 @pytest.mark.parametrize("front", ["closes", "503"])
 def test_a_front_whose_server_is_dead_costs_the_training_what_a_refusing_address_costs(tmp_path, mlflow_server, client,
-                                                                                       front):  # fmt: skip
+                                                                                       refused_job, front):  # fmt: skip
     """A load balancer whose backend is dead, for the whole training: it accepts every connection and closes it
     without an answer ("closes"), or answers 503 to everything ("503"). Default settings (flush_timeout 60 s, MLflow's
     own retries, model logging on), the job's run in MLFLOW_RUN_ID. The same 6-epoch training against an address that
     refuses connections, side by side: the front must be known down as fast (before: 82 s against 31 s, the end of
     fit waiting on MLflow's retries and the model's upload); then the journal keeps everything and sync delivers it."""
     defaults = {"HVD_MLFLOW_LOG_MODELS": "1"}
-    runs = {which: precreated_run(client) for which in ("refused", front)}
-    refused = launch.run(tmp_path / "refused", ["--epochs", "6"], timeout=400,
-                         env={**defaults, "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{free_port()}",
-                              "MLFLOW_RUN_ID": runs["refused"]})  # fmt: skip
-    finished_ranks(refused)
+    runs = {front: precreated_run(client)}
+    refused = refused_job
     dead = (lambda request: RESET) if front == "closes" else (lambda request: Respond(503))
     with Proxy(mlflow_server.url, fault=dead) as proxy:
         down = launch.run(tmp_path / "front", ["--epochs", "6"], timeout=400,

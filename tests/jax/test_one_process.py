@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.environment import clean_environment
 
-pytestmark = [pytest.mark.jax, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.jax, pytest.mark.alone, pytest.mark.timeout(300)]  # alone: the row's one phase (test.sh)
 BIN = Path(sys.executable).parent
 EPOCHS, SAMPLES = 3, 48
 
@@ -56,8 +56,14 @@ def train(tmp_path: Path, **env: str) -> dict:
 
 
 def test_one_process_on_jax_logs_into_the_job_s_run_as_on_tensorflow(tmp_path, mlflow_server, client):
+    """Every History value once per epoch, the per-epoch extras, params and tags; and with log_models on, the model
+    as an MLflow model of MLflow's keras flavour (Keras' own .keras file), linked to the run, which loads and predicts
+    what the trained model predicted. Before, the save went through mlflow.tensorflow and failed: no TensorFlow."""
+    import mlflow
+
     run_id = client.create_run("0").info.run_id
-    out = train(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, MLFLOW_RUN_ID=run_id)
+    out = train(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, MLFLOW_RUN_ID=run_id, HVD_MLFLOW_LOG_MODELS="1",
+                HVD_MLFLOW_FLUSH_TIMEOUT="60")  # fmt: skip
     assert out["backend"] == "jax" and out["tensorflow"] is False  # nothing of TensorFlow was imported
     history = out["history"]
     for key, values in history.items():
@@ -72,6 +78,13 @@ def test_one_process_on_jax_logs_into_the_job_s_run_as_on_tensorflow(tmp_path, m
     assert run.data.params["batch_size"] == "16" and run.data.params["epochs"] == str(EPOCHS)
     assert run.data.tags["hvd_mlflow.engine"] == "single process" and run.data.tags["hvd_mlflow.world_size"] == "1"
     assert run.info.status == "RUNNING"  # the job's run: not ours to end
+    [logged] = client.search_logged_models(experiment_ids=["0"], filter_string=f"source_run_id = '{run_id}'")
+    assert str(logged.status).endswith("READY"), logged.status
+    mlflow.set_tracking_uri(mlflow_server.url)
+    model = mlflow.keras.load_model(f"models:/{logged.model_id}")
+    predicted = model.predict(np.asarray(out["x4"], dtype="float32"), verbose=0).reshape(-1)
+    assert predicted.tolist() == pytest.approx(np.asarray(out["predicted"]).reshape(-1).tolist(), rel=1e-6)
+    assert set(mlflow.models.get_model_info(f"models:/{logged.model_id}").flavors) == {"keras", "python_function"}
 
 
 def test_the_journal_keeps_what_a_dead_server_missed_and_sync_delivers_it_once(tmp_path, mlflow_server, client):
@@ -88,23 +101,3 @@ def test_the_journal_keeps_what_a_dead_server_missed_and_sync_delivers_it_once(t
     for key, values in out["history"].items():
         points = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         assert points == [(s, pytest.approx(v, rel=1e-6)) for s, v in enumerate(values)], key
-
-
-def test_the_model_is_logged_in_keras_own_format_without_tensorflow(tmp_path, mlflow_server, client):
-    """log_models on JAX: an MLflow model of MLflow's keras flavour (the native .keras file), linked to the run,
-    which loads in a fresh process and predicts what the trained model predicted; TensorFlow is never imported.
-    Before, the save went through mlflow.tensorflow and failed: no TensorFlow here."""
-    import mlflow
-
-    run_id = client.create_run("0").info.run_id
-    out = train(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, MLFLOW_RUN_ID=run_id, HVD_MLFLOW_LOG_MODELS="1",
-                HVD_MLFLOW_FLUSH_TIMEOUT="60")  # fmt: skip
-    assert out["tensorflow"] is False
-    [logged] = client.search_logged_models(experiment_ids=["0"], filter_string=f"source_run_id = '{run_id}'")
-    assert str(logged.status).endswith("READY"), logged.status
-    mlflow.set_tracking_uri(mlflow_server.url)
-    model = mlflow.keras.load_model(f"models:/{logged.model_id}")
-    predicted = model.predict(np.asarray(out["x4"], dtype="float32"), verbose=0).reshape(-1)
-    assert predicted.tolist() == pytest.approx(np.asarray(out["predicted"]).reshape(-1).tolist(), rel=1e-6)
-    info = mlflow.models.get_model_info(f"models:/{logged.model_id}")
-    assert set(info.flavors) == {"keras", "python_function"}

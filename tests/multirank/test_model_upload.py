@@ -53,7 +53,11 @@ def stored_model_files(artifacts: Path, experiment_id: str, run_ids: list[str]) 
     return sorted(p for root in roots if root.exists() for p in root.rglob("*") if p.is_file())
 
 
-def test_a_slow_store_leaves_the_first_fits_model_whole_or_none_and_no_thread(tmp_path, mlflow_server, client):
+def test_a_slow_store_leaves_the_first_fits_model_whole_or_none_and_no_thread(tmp_path, mlflow_server, client,
+                                                                              keras_mode):  # fmt: skip
+    if keras_mode == "tf_keras":  # CI time: the upload is the same code in every row (the save per flavour: below)
+        pytest.skip("runs in the newest (Keras 3, MLflow 3) and oldest (Keras 2, MLflow 2) rows; tf_keras' save: "
+                    "test_models.py")  # fmt: skip
     import mlflow.tensorflow
 
     experiment_id = client.create_experiment(f"model-upload-{uuid.uuid4().hex[:8]}")

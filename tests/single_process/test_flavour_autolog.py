@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.environment import clean_environment
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.once, pytest.mark.timeout(300)]  # the guard's code: the same in every flavour
 EPOCHS = 3
 
 SCRIPT = textwrap.dedent(
