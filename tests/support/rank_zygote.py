@@ -67,7 +67,8 @@ def import_time_key(env: dict[str, str]) -> str:
 
 
 class RankZygotes:
-    """The zygotes of one test session; ended with it (``atexit``), each with its whole process group.
+    """The zygotes of one test session; ended with it, each with its whole process group: by ``atexit``, or, for a
+    session that ends without its atexit hooks, by the zygote itself when its stdin's pipe from the session closes.
 
     Zygotes serve ranks 0 and 1 (:attr:`RANKS`), what nearly every job of the suite has: a rank beyond them (the
     8-rank golden case) runs as a plain process, which costs that job nothing more than without zygotes, where
@@ -118,8 +119,11 @@ class RankZygotes:
         from tests.support.zygote import PRELOAD  # the modules the docs' zygote imports: the same here
 
         env = _own(env)
+        # its stdin: a pipe whose other end only this process holds, so that a session ended without its atexit
+        # hooks (os._exit, a signal, an xdist worker's forced exit) still ends its zygotes (:func:`serve`)
         process = subprocess.Popen([sys.executable, str(HERE), "--serve", str(path), *PRELOAD], env=env,
-                                   cwd=self._root, stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+                                   cwd=self._root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   start_new_session=True)  # fmt: skip
         self._processes.append(process)
         return process
 
@@ -190,6 +194,11 @@ def serve(path: Path, preload: list[str]) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # managers are reaped by the kernel
     print("ready", flush=True)
     while True:
+        ready, _, _ = select.select([listener, sys.stdin], [], [])
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):  # the test session is gone, however it ended
+            os.killpg(0, signal.SIGKILL)  # this zygote and its managers; their clients then end their ranks
+        if listener not in ready:
+            continue
         conn, _ = listener.accept()
         sys.stdout.flush()
         sys.stderr.flush()
