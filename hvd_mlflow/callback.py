@@ -278,7 +278,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if logs is None:
             return
         kept = self._pending.take()  # the logged batches not reduced yet ride in the epoch's collective
-        global_values = self._reducer.reduce(
+        reduced = self._reducer.reduce(
             numeric_entries(logs),
             tag="epoch",
             states=self._epoch_states(),
@@ -286,20 +286,20 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
             not_additive=self._not_additive_keys(),
             before=[part for _, _, part in kept],
         )
-        write_back(logs, global_values)
-        self._learn_run_id()
-        batch_points = self._batch_points(kept, self._reducer.before_results)
-        rank0_step = self._reducer.carried.get("rank0_step", math.nan)
+        write_back(logs, reduced.values)
+        self._learn_run_id(reduced)
+        batch_points = self._batch_points(kept, reduced.before)
+        rank0_step = reduced.carried.get("rank0_step", math.nan)
         if math.isfinite(rank0_step):  # agreed by every rank: the batch count never drifts from the optimizer
             self._clock.anchor(int(rank0_step))
-        values = {**global_values, **self._reducer.spread}
+        values = {**reduced.values, **reduced.spread}
         names = self._metric_names(values)  # on every rank: a collision raises on every rank
         logged = {names[k]: v for k, v in values.items()}
-        logged.update(self._ranks_health())
-        for key, value in self._epoch_dynamics().items():  # every rank: the time, throughput, learning rate
+        logged.update(self._ranks_health(reduced))
+        for key, value in self._epoch_dynamics(reduced).items():  # every rank: the time, throughput, learning rate
             logged.setdefault(key, value)
         if self._logging:
-            self._epoch_extras()  # each of its parts inside the rank-0 guard
+            self._epoch_extras(reduced.inexact)  # each of its parts inside the rank-0 guard
         timestamp_ms = int(time.time() * 1000)
         if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
             self._elastic.link.remember(self._step, timestamp_ms, logged)

@@ -118,6 +118,7 @@ class Reduced:
     carried_per_rank: dict[str, list[float]]  # in gather mode: each rank's own
     train_samples: float | None  # training samples over all ranks, if known
     inexact: set[str]  # with exact: keys whose value is the weighted mean
+    before: tuple[Reduced, ...] = ()  # from Reducer.reduce(before=...): the earlier parts' results, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,12 +146,6 @@ class Reducer:
         self.mode = mode
         self.spread_keys = tuple(spread)
         self._gather_rows = gather or bool(self.spread_keys)  # one row per rank from the collective: an allgather
-        self.train_samples: float | None = None  # after reduce(): training samples over all ranks, if known
-        self.spread: dict[str, float] = {}  # after reduce(): "<key>_rank_min"/"_rank_max" of the spread keys
-        self.carried: dict[str, float] = {}  # after reduce(): the sums over ranks of what each rank carried
-        self.carried_per_rank: dict[str, list[float]] = {}  # after reduce() in gather mode: each rank's own
-        self.inexact: set[str] = set()  # after reduce() with exact: keys whose value is the weighted mean
-        self.before_results: list[Reduced] = []  # after reduce(before=...): the earlier parts' results
         self.agreement = agreement or Agreement()  # compiled results from summed states, once agreed (tracing.py)
 
     def reduce(
@@ -161,22 +156,26 @@ class Reducer:
         carry: Mapping[str, float] | None = None,
         not_additive: Iterable[str] = (),
         before: Sequence[Part] = (),
-    ) -> dict[str, float]:
-        """Global values of ``values``; ``tag`` names the collective (the same on every rank). ``carry``: more
-        numbers summed over ranks in the same collective (in :attr:`carried` afterwards), e.g. rank 0's optimizer
-        step, which the others carry as 0: a value every rank then agrees on. ``not_additive``: result keys
-        (with their prefix) that come from a state that does not add up: weighted, never computed from the sum.
-        ``before``: more parts reduced in the same collective ahead of this one (logged batches kept until the
-        epoch's end), their results in :attr:`before_results`."""
+    ) -> Reduced:
+        """Global values of ``values`` (``.values``), with what every rank reads back from the same collective;
+        ``tag`` names the collective (the same on every rank). ``carry``: more numbers summed over ranks in the
+        same collective (``.carried``), e.g. rank 0's optimizer step, which the others carry as 0: a value every
+        rank then agrees on. ``not_additive``: result keys (with their prefix) that come from a state that does not
+        add up: weighted, never computed from the sum. ``before``: more parts reduced in the same collective ahead
+        of this one (logged batches kept until the epoch's end), their results in ``.before``.
+
+        Example::
+
+            reduced = Reducer(collectives.Solo()).reduce({"loss": 0.25}, tag="epoch")
+            reduced.values  # {"loss": 0.25}
+        """
         parts = [*before, Part(values, tuple(states), dict(carry or {}), frozenset(not_additive))]
         results = self.reduce_all(parts, tag)
-        self.before_results = results[:-1]
-        return results[-1].values
+        return dataclasses.replace(results[-1], before=tuple(results[:-1]))
 
     def reduce_all(self, parts: Sequence[Part], tag: str) -> list[Reduced]:
         """Every part's global values from one collective (the parts' vectors end to end, then one signature of
-        the whole layout: every rank reads it at the same place); :attr:`spread`, :attr:`carried` and the others
-        describe the last part afterwards."""
+        the whole layout: every rank reads it at the same place)."""
         if self._comm.logs_are_global:
             parts = [self._with_own_values(part) for part in parts]
         packed = [self._pack(part) for part in parts]
@@ -225,9 +224,6 @@ class Reducer:
             at_state += len(pack.states)
             rows = per_rank[:, a:b] if per_rank is not None else None
             results.append(self._unpack(part, pack, total[a:b], rows, own))
-        last = results[-1]
-        self.carried, self.carried_per_rank, self.spread = last.carried, last.carried_per_rank, last.spread
-        self.train_samples, self.inexact = last.train_samples, last.inexact
         return results
 
     def _with_own_values(self, part: Part) -> Part:

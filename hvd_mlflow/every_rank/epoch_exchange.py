@@ -13,6 +13,7 @@ from typing import Any
 
 from .._log import warn_once
 from . import divergence, fit_plan, keras_flavour, metric_state, run_params, tracing
+from .aggregate import Reduced
 from .system_metrics import summary as system_summary
 
 
@@ -77,11 +78,11 @@ class EpochExchange:
             self._not_additive = keys | {f"val_{k}" for k in keys}
         return self._not_additive
 
-    def _learn_run_id(self) -> None:
+    def _learn_run_id(self, reduced: Reduced) -> None:
         """After the epoch's collective, on every rank: the run id rank 0 carried in it, if it did."""
         if self._run_agreed:
             return
-        self._run_agreed, run_id, broadcast = fit_plan.run_id_from_carried(self._reducer.carried)
+        self._run_agreed, run_id, broadcast = fit_plan.run_id_from_carried(reduced.carried)
         if broadcast:  # agreed in the collective: every rank calls it
             run_id = self._comm.broadcast_object(self._carried_run_id, name="hvd_mlflow.run_id")
         if run_id is not None:
@@ -107,11 +108,11 @@ class EpochExchange:
         does not keep the weights equal by itself (tf.distribute's mirrored variables do: nothing to check)."""
         return self.options.check_divergence and self._comm.size > 1 and not self._comm.keeps_weights_in_step
 
-    def _ranks_health(self) -> dict[str, float]:
+    def _ranks_health(self, reduced: Reduced) -> dict[str, float]:
         """From the epoch's collective, alike on every rank: whether the ranks' weights differ (every rank warns
         once), and the ranks' system metrics; what rank 0 logs of it."""
         out: dict[str, float] = {}
-        carried = self._reducer.carried
+        carried = reduced.carried
         if self._checks_divergence() and "fp_abs" in carried:
             value = divergence.spread(carried, self._comm.size)
             if self._diverged_at is None and value > divergence.TOLERANCE:
@@ -123,11 +124,11 @@ class EpochExchange:
             if self._diverged_at is not None:
                 out[divergence.METRIC] = value
         if self.options.system_metrics:
-            per_rank = {k[4:]: v for k, v in self._reducer.carried_per_rank.items() if k.startswith("sys_")}
+            per_rank = {k[4:]: v for k, v in reduced.carried_per_rank.items() if k.startswith("sys_")}
             out.update(system_summary(per_rank))
         return out
 
-    def _epoch_dynamics(self) -> dict[str, float]:
+    def _epoch_dynamics(self, reduced: Reduced) -> dict[str, float]:
         """Every rank's per-epoch extras, after the epoch's collective (when every rank has reached its end): the
         epoch's wall time, global training samples per second, the optimizer's learning rate. Every rank computes
         them (its clock measures the same collective's end, its optimizer is the same as rank 0's), so that after
@@ -136,7 +137,7 @@ class EpochExchange:
         seconds = time.perf_counter() - self._epoch_start
         out = {"epoch_time_s": seconds}
         try:
-            samples = self._reducer.train_samples or self._reducer.carried.get("train_samples")
+            samples = reduced.train_samples or reduced.carried.get("train_samples")
             if not samples and not keras_flavour.runs_on_tensorflow(self.model):  # Keras' own count (one process,
                 samples = self._train_samples if self._validating else self._keras_samples()  # or global already)
             if samples and seconds > 0 and not self._counts_batches(samples):

@@ -67,12 +67,12 @@ class RankZeroSteps:
         starts = [*self._offsets.logged.fit_starts, self._step]
         self._run_logger.log_tags({later_fits.FIT_STARTS_TAG: ",".join(map(str, dict.fromkeys(starts)))})
 
-    def _epoch_extras(self) -> None:
+    def _epoch_extras(self, inexact: set[str]) -> None:
         """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every
         rank's: :meth:`hvd_mlflow.every_rank.epoch_exchange.EpochExchange._epoch_dynamics`)."""
-        if self._reducer.inexact - self._inexact_logged:
+        if inexact - self._inexact_logged:
             with self._rank0.step("recording which values are not exact"):
-                self._record_inexact()
+                self._record_inexact(inexact)
 
     def _finish_logging(self, status: str, error: BaseException | None = None) -> None:
         """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
@@ -312,10 +312,10 @@ class RankZeroSteps:
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
         )
 
-    def _record_inexact(self) -> None:
+    def _record_inexact(self, inexact: set[str]) -> None:
         """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""
         assert self._run_logger is not None
-        inexact = self._reducer.inexact | self._inexact_logged
+        inexact = inexact | self._inexact_logged
         from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
         if from_metrics and not set(from_metrics) <= self._inexact_logged:
             names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})

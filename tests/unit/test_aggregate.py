@@ -77,7 +77,7 @@ def test_numeric_entries_sorted_and_warns_once_per_non_scalar(caplog):
 
 def test_mean_of_two_ranks_is_horovods_unweighted_mean():
     reducer = Reducer(TwoRanks("mean", {"accuracy": 0.5, "loss": 1.0}), "mean")
-    assert reducer.reduce({"accuracy": 0.75, "loss": 3.0}, "t") == {"accuracy": 0.625, "loss": 2.0}
+    assert reducer.reduce({"accuracy": 0.75, "loss": 3.0}, "t").values == {"accuracy": 0.625, "loss": 2.0}
 
 
 def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
@@ -87,8 +87,8 @@ def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
     union = (100 * 1.0 + 37 * 3.0) / 137
     for mode in ("weighted", "exact"):
         reducer = Reducer(TwoRanks(mode, {"loss": 3.0}, theirs), mode)
-        assert reducer.reduce({"loss": 1.0}, "t", mine)["loss"] == pytest.approx(union, rel=1e-15)
-    assert Reducer(TwoRanks("mean", {"loss": 3.0}), "mean").reduce({"loss": 1.0}, "t")["loss"] == 2.0
+        assert reducer.reduce({"loss": 1.0}, "t", mine).values["loss"] == pytest.approx(union, rel=1e-15)
+    assert Reducer(TwoRanks("mean", {"loss": 3.0}), "mean").reduce({"loss": 1.0}, "t").values["loss"] == 2.0
 
 
 def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
@@ -97,14 +97,14 @@ def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
         return MetricState(prefix, np.array([tp, fp]), samples, lambda s: {prefix + "precision": s[0] / (s[0] + s[1])})
 
     reducer = Reducer(TwoRanks("exact", {"precision": 0.1}, [precision("", 1, 9, 50)]), "exact")
-    value = reducer.reduce({"precision": 0.9}, "t", [precision("", 9, 1, 50)])["precision"]
+    value = reducer.reduce({"precision": 0.9}, "t", [precision("", 9, 1, 50)]).values["precision"]
     assert value == pytest.approx(10 / 20)
 
 
 def test_entries_from_no_metric_fall_back_to_the_weighted_mean():
     mine, theirs = [mean_state("", 30.0, 30, "loss")], [mean_state("", 10.0, 10, "loss")]
     reducer = Reducer(TwoRanks("exact", {"loss": 1.0, "lr": 0.5}, theirs), "exact")
-    out = reducer.reduce({"loss": 1.0, "lr": 0.1}, "t", mine)
+    out = reducer.reduce({"loss": 1.0, "lr": 0.1}, "t", mine).values
     assert out["lr"] == pytest.approx((0.1 * 30 + 0.5 * 10) / 40)
 
 
@@ -123,9 +123,9 @@ def test_different_key_counts_are_named():
 
 
 def test_solo_runs_no_collective_and_reduces_to_itself():
-    assert Reducer(Solo(), "mean").reduce({"loss": 0.25}, "t") == {"loss": 0.25}
+    assert Reducer(Solo(), "mean").reduce({"loss": 0.25}, "t").values == {"loss": 0.25}
     state = [mean_state("", 5.0, 20, "loss")]
-    assert Reducer(Solo(), "exact").reduce({"loss": 0.25}, "t", state) == {"loss": 0.25}
+    assert Reducer(Solo(), "exact").reduce({"loss": 0.25}, "t", state).values == {"loss": 0.25}
 
 
 def test_unknown_reduction_is_refused():
@@ -166,8 +166,9 @@ class TwoRanksGathering:
 def test_rank_spread_is_min_and_max_of_the_ranks_values_from_the_same_collective():
     comm = TwoRanksGathering({"loss": 3.0, "val_loss": 1.0}, spread=["loss"])
     reducer = Reducer(comm, "mean", spread=["loss", "absent"])
-    assert reducer.reduce({"loss": 1.0, "val_loss": 2.0}, "t") == {"loss": 2.0, "val_loss": 1.5}
-    assert reducer.spread == {"loss_rank_min": 1.0, "loss_rank_max": 3.0}  # only present keys, only asked ones
+    reduced = reducer.reduce({"loss": 1.0, "val_loss": 2.0}, "t")
+    assert reduced.values == {"loss": 2.0, "val_loss": 1.5}
+    assert reduced.spread == {"loss_rank_min": 1.0, "loss_rank_max": 3.0}  # only present keys, only asked ones
 
 
 def test_rank_spread_with_different_keys_still_names_them():
@@ -217,11 +218,12 @@ def test_carried_values_are_summed_and_not_additive_keys_are_weighted():
     other = packed(["loss", "max_err"], [3.0, 0.2], [37.0, 37.0], [[111.0, 37.0]], [0.0], layout)
     state = MetricState("", np.array([100.0, 100.0]), 100.0, lambda s: {"loss": s[0] / s[1], "max_err": 99.0})
     reducer = Reducer(HandBuiltPeer(other), "exact")
-    out = reducer.reduce({"loss": 1.0, "max_err": 0.8}, "t", [state], carry={"rank0_step": 42.0},
-                         not_additive={"max_err"})  # fmt: skip
+    reduced = reducer.reduce({"loss": 1.0, "max_err": 0.8}, "t", [state], carry={"rank0_step": 42.0},
+                             not_additive={"max_err"})  # fmt: skip
+    out = reduced.values
     assert out["loss"] == pytest.approx(211 / 137)  # from the summed state
     assert out["max_err"] == pytest.approx((0.8 * 100 + 0.2 * 37) / 137)  # weighted: never the summed state's
-    assert reducer.carried == {"rank0_step": 42.0} and reducer.inexact == {"max_err"}
+    assert reduced.carried == {"rank0_step": 42.0} and reduced.inexact == {"max_err"}
 
 
 def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
@@ -239,8 +241,8 @@ def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
     batch = Part({"loss": 1.0}, (MetricState("", np.array([10.0, 10.0]), 10.0, mean),))
     out = reducer.reduce({"loss": 0.5}, "t", [MetricState("", np.array([20.0, 40.0]), 40.0, mean)],
                          carry={"rank0_step": 7.0}, before=[batch])  # fmt: skip
-    assert [r.values for r in reducer.before_results] == [{"loss": pytest.approx(40 / 20)}]
-    assert out == {"loss": pytest.approx(100 / 80)} and reducer.carried == {"rank0_step": 7.0}
+    assert [r.values for r in out.before] == [{"loss": pytest.approx(40 / 20)}]
+    assert out.values == {"loss": pytest.approx(100 / 80)} and out.carried == {"rank0_step": 7.0}
     other[-2:] = [h + 1, (h + 1) ** 2]  # the other rank's layout differs: the gather that names the keys runs
     with pytest.raises(MetricKeyMismatchError, match=r"cannot be gathered \(AttributeError\)"):  # (it has none)
         epoch_state = MetricState("", np.array([20.0, 40.0]), 40.0, mean)
@@ -273,6 +275,6 @@ def test_the_collective_that_shows_every_rank_ready_switches_its_own_results_to_
     for mine, others, expected in ((1.0, 0.0, "eager"), (1.0, 1.0, "compiled"), (0.0, 0.0, "compiled")):
         comm.other_ready = others
         state = MetricState("", np.array([30.0, 10.0]), 10.0, lambda s: {"loss": s[0] / s[1]}, source=Source())
-        values = reducer.reduce({"loss": 3.0}, "epoch", states=[state], carry={tracing.READY_KEY: mine})
+        values = reducer.reduce({"loss": 3.0}, "epoch", states=[state], carry={tracing.READY_KEY: mine}).values
         assert calls[-1] == expected and values == {"loss": 3.0}  # (30+30)/(10+10) either way
     assert reducer.agreement.compiled  # agreed once: not undone by a later sum
