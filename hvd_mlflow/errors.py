@@ -34,8 +34,9 @@ class EmptyShardError(HvdMlflowError, ValueError):
 
 class ShardMismatchError(HvdMlflowError, ValueError):
     """Under ``keras.distribution``, the processes' batches differ in size (different sample counts, batch sizes or
-    steps), which JAX's global batch cannot join (:mod:`hvd_mlflow.every_rank.shards`); raised by every process at
-    train begin."""
+    steps), which JAX's global batch cannot join; under Horovod, the ranks' training steps per epoch differ, which
+    the gradient averaging of each step cannot join (:mod:`hvd_mlflow.every_rank.shards`). Raised by every process
+    at train begin."""
 
 
 class MissingDependencyError(HvdMlflowError, ImportError):

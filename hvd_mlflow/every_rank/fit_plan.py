@@ -7,8 +7,9 @@ restored it yet), the steps its process logged into the run in earlier fits (a l
 :mod:`hvd_mlflow.every_rank.later_fits`) and the batch-logging interval (raised to keep within the server's rows
 per metric), every rank the options that shape the collectives. One ``allgather_object`` gives every rank every
 proposal, so every rank takes rank 0's run, first step and interval (and rank 0 learns every rank's host), and
-every rank sees whether the ranks' options differ, or whether any rank's training or validation shard is empty,
-and raises the same error if so (never a hang, never one rank alone). The batch clock follows from the agreed plan
+every rank sees whether the ranks' options differ, whether any rank's training or validation shard is empty, or
+whether their batches cannot go together (:mod:`hvd_mlflow.every_rank.shards`), and raises the same error if so
+(never a hang, never one rank alone). The batch clock follows from the agreed plan
 and the compile arguments, which every rank has alike.
 
 A run rank 0's sender creates is not waited for at train begin (MLflow is imported and the run made once the first
@@ -30,7 +31,7 @@ from . import keras_flavour
 from .batch_steps import BatchClock
 from .collectives import Collectives
 from .later_fits import Logged
-from .shards import Batches, unequal, unequal_message
+from .shards import Batches, unequal, unequal_message, unequal_steps, unequal_steps_message
 from .shards import message as empty_shards_message
 
 
@@ -101,8 +102,11 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
     empty = {rank: p.empty for rank, p in enumerate(proposals) if p.empty}
     if empty:  # one rank's own data, now known to every rank: the same error everywhere
         raise EmptyShardError(empty_shards_message(empty))
-    if comm.values_are_global and unequal([p.batches for p in proposals]):  # JAX joins the processes' batches
-        raise ShardMismatchError(unequal_message([p.batches for p in proposals]))
+    by_rank = [p.batches for p in proposals]
+    if comm.values_are_global and unequal(by_rank):  # JAX joins the processes' batches
+        raise ShardMismatchError(unequal_message(by_rank))
+    if comm.engine == "horovod" and unequal_steps(by_rank):  # each training step averages the ranks' gradients
+        raise ShardMismatchError(unequal_steps_message(by_rank))
     leader = proposals[0]
     kept = [p.params for p in proposals if p.params_kept and p.params is not None]
     return Plan(

@@ -8,8 +8,9 @@ others waiting in a collective. What cannot be sized without reading it (a gener
 cardinality) is not judged here: Keras then fails on that rank alone, as without hvd-mlflow.
 
 Under ``keras.distribution`` the processes' batches must also be alike (:class:`Batches`): JAX joins them into one
-global batch. What each rank sees of its data is carried in the same agreement, and any difference raises
-``ShardMismatchError`` on every process.
+global batch. Under Horovod the ranks' training steps per epoch must be equal: each step averages the gradients
+over the ranks. What each rank sees of its data is carried in the same agreement, and a difference raises
+``ShardMismatchError`` on every process. Validation may differ in steps under Horovod (no collective per step).
 """
 
 from __future__ import annotations
@@ -117,6 +118,22 @@ def unequal_message(by_rank: Sequence[Batches]) -> str:
         "different values on each process without an error, or wait forever); give every process the same number "
         "of samples (drop the remainder when sharding), or the same steps_per_epoch from data that repeats. Raised "
         "on every process at train begin:\n" + "\n".join(lines)
+    )
+
+
+def unequal_steps(by_rank: Sequence[Batches]) -> bool:
+    """Whether the ranks' training steps per epoch differ (each rank's Keras count; not judged where unknown)."""
+    return len({b.steps for b in by_rank} - {None}) > 1
+
+
+def unequal_steps_message(by_rank: Sequence[Batches]) -> str:
+    """The one-line error every Horovod rank raises alike: each rank's training steps, and the fix."""
+    steps = ", ".join(f"rank {rank}: {b.steps}" for rank, b in enumerate(by_rank))
+    return (
+        f"hvd-mlflow: the ranks' training data give different steps per epoch ({steps}), so Horovod's gradient "
+        "averaging would wait at the first step one rank does not take, and the job would hang or fail without "
+        "saying why; give every rank the same number of batches (equal shards: drop the remainder when sharding) "
+        "or the same steps_per_epoch from data that repeats. Raised on every rank at train begin."
     )
 
 

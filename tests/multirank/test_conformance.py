@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.multirank, pytest.mark.oldest, pytest.mark.timeout(900
 WORKER = launch.WORKER.parent / "conformance_worker.py"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reductions.md"
 EPOCHS = 4
-TRAIN, VAL = (100, 37), (50, 18)
+TRAIN, VAL = (100, 37), (50, 18)  # as in tests/workers/conformance_worker.py
+STEPS = 3  # its training steps per epoch on every rank
 REL = 1e-6
 # the one metric whose state does not add up (a running maximum): its global value is the sample-weighted mean
 NOT_ADDITIVE = re.compile(r"(^|_)max_err$")
@@ -41,10 +42,11 @@ def weighted_mean(ranks: list[dict], scenario: str, key: str, epoch: int, counts
     return float(np.dot(values, counts) / sum(counts))
 
 
-BATCH = 16  # the worker's batch size in the multi-output scenarios (validation_data's alike)
+BATCH = 16  # the worker's validation batch size (training: STEPS batches on every rank)
 # Keras 3 (3.15 here; 3.3 logged no per-output loss) keeps an output's loss in a Mean updated once per batch with the
-# batch's static size as weight, which a traced step does not know (keras/src/trainers/compile_utils.py): a mean over
-# batches. One process on the union batches other samples together, so the truth for it is the mean over every
+# batch's static size as weight (keras/src/trainers/compile_utils.py): unknown, so 1, when a rank's samples do not
+# divide into its batches (as on both ranks here; a rank whose batches all have one size weighs each by it): a mean
+# over batches. One process on the union batches other samples together, so the truth for it is the mean over every
 # rank's batches: each rank's own Keras value weighted by its number of batches.
 OUTPUT_LOSS = re.compile(r"^(val_)?(?!val_)[a-z0-9]+_loss$")
 
@@ -77,7 +79,7 @@ def test_every_value_equals_one_process_on_the_union(conformance, scenario, kera
             if NOT_ADDITIVE.search(name):
                 want = weighted_mean(ranks, scenario, key, epoch, VAL if validation else TRAIN)
             elif over_batches(keras_mode, key):
-                batches = tuple(-(-n // BATCH) for n in (VAL if validation else TRAIN))
+                batches = tuple(-(-n // BATCH) for n in VAL) if validation else (STEPS,) * len(TRAIN)
                 want = weighted_mean(ranks, scenario, key, epoch, batches)
             else:
                 want = truth[name]

@@ -38,3 +38,17 @@ def test_an_empty_shard_on_rank_1_stops_every_rank_alike(tmp_path, mlflow_server
     assert all(r.info.status == "FAILED" and not r.data.metrics for r in runs), runs
     seconds = {empty: [round(r["fits"][empty]["seconds"], 1) for r in ranks] for empty in PARTS}
     report("empty_shards", launch_seconds=round(done.seconds, 1), fit_seconds=seconds)
+
+
+def test_ranks_with_different_training_steps_stop_alike_at_train_begin_saying_each_rank_s_steps(tmp_path):
+    """Horovod averages the gradients at every step: 4 steps on rank 0 and 3 on rank 1 would leave rank 0 waiting in
+    its fourth step's allreduce (the job hung or failed without a word, with or without hvd-mlflow)."""
+    done = launch.run(tmp_path, ["empty-shard", "--empty", "steps"], worker=WORKER, timeout=150)
+    assert done.returncode == 0, f"exit {done.returncode} after {done.seconds:.0f} s:\n{done.output[-6000:]}"
+    fits = [done.rank(r)["fits"]["steps"] for r in (0, 1)]
+    assert fits[0]["error"] == fits[1]["error"]  # the same error, word for word, on every rank
+    kind, message = fits[0]["error"]
+    assert kind == "hvd_mlflow.errors.ShardMismatchError"
+    assert "\n" not in message and "(rank 0: 4, rank 1: 3)" in message and "steps_per_epoch" in message, message
+    assert all("seen" not in f for f in fits)  # no epoch ended on any rank
+    assert all(f["seconds"] < 30 for f in fits), fits  # at train begin, not after a stall

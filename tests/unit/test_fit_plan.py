@@ -17,7 +17,8 @@ class Gathered:
     """Two ranks' collective: ``allgather_object`` returns the proposals of both ranks, in rank order."""
 
     size = 2
-    values_are_global = False  # Horovod's: the processes' batches may differ
+    engine = "horovod"
+    values_are_global = False  # Horovod's: the processes' samples and batch sizes may differ, not their steps
 
     def __init__(self, rank: int, proposals: list[Proposal]) -> None:
         self.rank = rank
@@ -65,6 +66,25 @@ def test_different_options_raise_the_same_error_on_every_rank():
         messages.append(str(raised.value))
     assert messages[0] == messages[1]
     assert "rank 1: reduction='exact', log_every_n_steps=0" in messages[0]
+
+
+def test_horovod_ranks_with_different_training_steps_raise_the_same_line_on_every_rank_validation_may_differ():
+    from hvd_mlflow.errors import ShardMismatchError
+    from hvd_mlflow.every_rank.shards import Batches
+
+    mine = Batches(training=64, validation=24, batch_size=16, steps=4, validation_steps=2)
+    alike = [Proposal(None, False, 0, OPTIONS, batches=b) for b in (mine, Batches(48, 8, 12, steps=4))]
+    assert [agree(Gathered(rank, alike), alike[rank]).first_step for rank in (0, 1)] == [0, 0]  # samples may differ
+    unequal = [Proposal(None, False, 0, OPTIONS, batches=b) for b in (mine, Batches(48, 24, 16, steps=3))]
+    messages = set()
+    for rank in (0, 1):
+        with pytest.raises(ShardMismatchError) as raised:
+            agree(Gathered(rank, unequal), unequal[rank])
+        messages.add(str(raised.value))
+    [message] = messages
+    assert "(rank 0: 4, rank 1: 3)" in message and "\n" not in message
+    unknown = [Proposal(None, False, 0, OPTIONS, batches=b) for b in (mine, Batches(steps=None))]  # not judged
+    assert agree(Gathered(0, unknown), unknown[0]).first_step == 0
 
 
 def compiled(steps_per_execution):

@@ -372,8 +372,11 @@ def main() -> None:
     if args.transfer_recipe:  # keras-io guides/transfer_learning.py: the "base" frozen, a new optimizer
         model.layers[0].trainable = False
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=["accuracy"])
-    history = model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=validation, callbacks=callbacks,
-                        verbose=0, initial_epoch=args.initial_epoch)  # fmt: skip
+    # --uneven: the same 3 training steps on every rank (Horovod averages gradients each step), batches of each size
+    batch = -(-sizes[rank] // 3) if args.uneven else 16
+    history = model.fit(x, y, batch_size=batch, validation_batch_size=16, epochs=args.epochs,
+                        validation_data=validation, callbacks=callbacks, verbose=0,
+                        initial_epoch=args.initial_epoch)  # fmt: skip
     record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
     record["fit_returned_at"] = time.time()
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}

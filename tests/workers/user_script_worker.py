@@ -108,6 +108,8 @@ def empty_shard(args: argparse.Namespace, record: Record) -> None:
             x, y = x[:0], y[:0]
         if rank == 1 and empty == "validation":
             xv, yv = xv[:0], yv[:0]
+        if empty == "steps":  # not empty: 4 training steps of 16 on rank 0, 3 on rank 1
+            x, y = data(rank, 64 if rank == 0 else 48)
         start = time.monotonic()
         try:
             model.fit(x, y, batch_size=16, epochs=args.epochs, validation_data=(xv, yv), callbacks=[SeenLogs(fit)],
@@ -132,7 +134,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rank1-uri", default="")
     parser.add_argument("--experiment", default="tutorial")
-    parser.add_argument("--empty", default="validation,training", help="comma-separated: training, validation")
+    parser.add_argument("--empty", default="validation,training",
+                        help="comma-separated: training, validation, steps (unequal steps instead)")  # fmt: skip
     args = parser.parse_args()
     hvd.init()
     logging.basicConfig(level=logging.INFO, format=f"[rank {hvd.rank()}] %(name)s %(levelname)s: %(message)s")
