@@ -201,7 +201,17 @@ def model_and_data(name: str, rank: int):
     return model, x, y
 
 
-VARIANTS = ("hvd", "hvd-mean", "hvd-system", "hvd-batch1", "hvd-batch10", "seed", "mlflow")
+VARIANTS = ("hvd", "hvd-eager", "hvd-mean", "hvd-system", "hvd-batch1", "hvd-batch10", "seed", "mlflow")
+
+
+def never_traced(on: bool) -> None:
+    """Variant ``hvd-eager``: hvd-mlflow's own functions are never traced (every epoch end computes eagerly), to
+    weigh the background tracing (hvd_mlflow/every_rank/tracing.py) against what it saves."""
+    from hvd_mlflow.every_rank import tracing
+
+    if not hasattr(tracing.Traced, "_bench_start"):
+        tracing.Traced._bench_start = tracing.Traced.start
+    tracing.Traced.start = (lambda self: None) if on else tracing.Traced._bench_start
 
 
 def switch(variant: str, on: bool, out: Path) -> list:
@@ -211,6 +221,7 @@ def switch(variant: str, on: bool, out: Path) -> list:
     if variant.startswith("hvd"):
         if on:  # hvd-batch<N>: log_every_n_steps=N
             every = int(variant.removeprefix("hvd-batch")) if variant.startswith("hvd-batch") else 0
+            never_traced(variant == "hvd-eager")
             hvd_mlflow.autolog(reduction="mean" if variant == "hvd-mean" else "exact", log_models=False,
                                system_metrics=variant == "hvd-system", log_every_n_steps=every)  # fmt: skip
         else:
@@ -255,17 +266,21 @@ def main() -> None:
     pairs = []
     for pair in range(args.pairs):
         order = [False, True] if pair % 2 == 0 else [True, False]
-        medians = {}
+        medians, cpus = {}, {}
         for on in order:
             running = args.variant if on else args.against
             callbacks = switch(running, True, args.out)
             clock = EpochClock(profiled=on and args.profile)
             hvd.allreduce(np.zeros(1), name=f"bench.pair.{pair}.{on}")  # both ranks start together
+            cpu = time.process_time()
             model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,
                       callbacks=[*callbacks, clock])  # fmt: skip
+            cpu = time.process_time() - cpu  # the whole process: training, hvd-mlflow's threads, the end of fit
             medians[on] = statistics.median(clock.seconds)
+            cpus[on] = sum(hvd.allgather_object(cpu, name=f"bench.cpu.{pair}.{on}")) / args.epochs
             switch(running, False, args.out)
-        pairs.append({"without_s": medians[False], "with_s": medians[True]})
+        pairs.append({"without_s": medians[False], "with_s": medians[True], "cpu_without_s": cpus[False],
+                      "cpu_with_s": cpus[True]})  # fmt: skip
     floored = args.profile and args.variant == "hvd"
     if floored:  # the floors, in a no-logging fit of their own: the pairs' timed fits do not carry them
         history = model.fit(x, y, batch_size=batch, epochs=args.epochs, validation_data=(xv, yv), verbose=0,

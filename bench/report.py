@@ -14,6 +14,7 @@ NAMES = {
     "seed": "MetricAverageCallback + rank-0 CSVLogger",
     "mlflow": "mlflow.tensorflow.autolog() on every rank",
     "hvd": "hvd_mlflow.autolog()",
+    "hvd-eager": "hvd_mlflow.autolog(), its own functions never traced (always eager)",
     "hvd-mean": 'hvd_mlflow.autolog(reduction="mean")',
     "hvd-system": "hvd_mlflow.autolog(system_metrics=True)",
 }

@@ -299,6 +299,10 @@ def paired(
                 "threads_per_rank": threads,
                 "epoch_s_without": statistics.median(p["without_s"] for p in result["pairs"]),
                 "added_ms_median": statistics.median(added), "ratio_median": statistics.median(ratios),
+                # both ranks' whole processes (training, hvd-mlflow's threads, the end of fit), per epoch
+                "cpu_added_ms_median": statistics.median((p["cpu_with_s"] - p["cpu_without_s"]) * 1000
+                                                         for p in result["pairs"]),
+                "cpu_ratio_median": statistics.median(p["cpu_with_s"] / p["cpu_without_s"] for p in result["pairs"]),
                 "added_ms_pairs": [round(a, 2) for a in added],
                 "ratio_min": min(ratios), "ratio_max": max(ratios),
                 "metric_requests_per_epoch": metric_requests / (pairs * epochs), "profile_ms": result["profile_ms"],
@@ -442,6 +446,7 @@ def main() -> None:
                         help="run only this section")  # fmt: skip
     parser.add_argument("--variants", nargs="+", help="paired sections: only these variants (e.g. hvd seed)")
     parser.add_argument("--pairs", type=int, help="paired sections: pairs per variant (default 1 quick, 8 full)")
+    parser.add_argument("--against", default="none", help="paired sections: the other fit of each pair (a variant)")
     parser.add_argument("--threads", type=int, default=1, help="paired sections: TensorFlow threads per rank")
     parser.add_argument("--epochs", type=int, help="paired sections: epochs per fit (default: the section's own)")
     parser.add_argument("--latencies", type=float, nargs="+", metavar="MS",
@@ -488,7 +493,7 @@ def main() -> None:
                 pairs = args.pairs or (2 if quick else 8)
                 results["realistic"] = paired(server, given_latencies or ([0.0] if quick else [0.0, 0.3]), pairs,
                                               args.epochs or 5, work, args.variants or (["hvd"] if quick else None),
-                                              args.threads)  # fmt: skip
+                                              args.threads, against=args.against)  # fmt: skip
                 results["epoch_cost_check"] = epoch_cost_check(results["realistic"])
                 if args.only is None or not args.variants:
                     results["divergence"] = divergence_cost(5 if quick else 30)
@@ -553,6 +558,9 @@ def report(results: dict) -> None:
                   f"{r['epoch_s_without'] * 1000:.0f} ms epochs, "
                   f"{r['metric_requests_per_epoch']:.2f} metric requests/epoch, "
                   f"server CPU {r.get('server_cpu_ms_per_epoch', float('nan')):.1f} ms/epoch")  # fmt: skip
+            if "cpu_added_ms_median" in r:
+                print(f"           both ranks' process CPU: {r['cpu_added_ms_median']:+.1f} ms/epoch, "
+                      f"x{r['cpu_ratio_median']:.4f}")  # fmt: skip
             if r["profile_ms"]:
                 print("           profile (median ms per epoch): " + ", ".join(f"{k[:-3]} {v:.2f}" for k, v in
                                                                               r["profile_ms"].items()))  # fmt: skip
