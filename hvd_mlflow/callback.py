@@ -24,17 +24,18 @@ The decisions that choose which collectives a rank calls, each the same on every
   collective: a difference raises on every rank (:mod:`hvd_mlflow.every_rank.aggregate`).
 * nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
 
-The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.every_rank.epoch_exchange`
+The class is in four parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.every_rank.epoch_exchange`
 what rides in the epoch's collective (every rank); :mod:`hvd_mlflow.rank_zero.steps` what rank 0 alone does (each part
-inside the guard). :mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan and builds its batch clock.
+inside the guard); :mod:`hvd_mlflow.every_rank.fit_arguments` what autolog hands over from ``fit``'s arguments and
+each rank's train-begin proposal (every rank). :mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan and builds
+its batch clock.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ._log import set_silent
@@ -43,10 +44,10 @@ from .config import Options
 from .delivery import destination
 from .delivery.folder_artifacts import FolderUpload
 from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, run_params, shards, tracing
-from .every_rank.aggregate import Part, Reduced, Reducer, numeric_entries, write_back
+from .every_rank.aggregate import Part, Reducer, numeric_entries, write_back
 from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
 from .every_rank.epoch_exchange import EpochExchange
-from .every_rank.fit_plan import Proposal
+from .every_rank.fit_arguments import FitArguments
 from .every_rank.later_fits import Offsets
 from .every_rank.names import NameMap
 from .every_rank.system_metrics import SystemSampler
@@ -55,10 +56,9 @@ from .rank_zero.run_logger import RunLogger
 from .rank_zero.steps import RankZeroSteps
 
 _concrete_classes: dict[str, type] = {}
-Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_ms, values
 
 
-class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
+class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
     """Make Keras' epoch metrics global over all Horovod ranks and log them to MLflow from rank 0.
 
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
@@ -179,21 +179,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         first_step, every, logged = 0, self.options.log_every_n_steps, None
         if self._comm.rank == 0:
             first_step, every, logged = self._rank0_train_begin(every)  # each of its parts inside the rank-0 guard
-        params, kept = self._proposed_params()  # elastic: the run's params, so that any later rank 0 has them
-        proposal = Proposal(
-            self.run_id,
-            self._owns_run,
-            first_step,
-            fit_plan.collective_shape(self.options, self.model),
-            every,
-            topology.hostname(),
-            self._empty_here(),
-            params=params,
-            batches=dataclasses.replace(self._batches, steps=(getattr(self, "params", None) or {}).get("steps")),
-            params_kept=kept,
-            logged=logged,
-        )
-        plan = fit_plan.agree(self._comm, proposal)
+        plan = fit_plan.agree(self._comm, self._proposal(first_step, every, logged))
         self.run_id = plan.run_id
         self._run_agreed = plan.run_id is not None  # else rank 0 carries it in the epoch collectives
         self._hosts = plan.hosts
@@ -237,19 +223,6 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         if self._logging:
             with self._rank0.step("journaling batch values", essential=True):  # synced by the epoch's commit
                 self._run_logger.log_metrics_many(points, durable=False)
-
-    def _batch_points(self, kept: Sequence[tuple[int, int, Part]], results: Sequence[Reduced]) -> list[Point]:
-        """Every rank: the logged batches' ``(step, timestamp_ms, values)`` under their ``batch/`` names, kept for
-        an elastic replay."""
-        points = []
-        for (step, timestamp_ms, _), reduced in zip(kept, results, strict=True):
-            values = {f"batch/{k}": v for k, v in {**reduced.values, **reduced.spread}.items()}
-            names = self._metric_names(values)  # on every rank: a collision raises on every rank
-            logged = {names[k]: v for k, v in values.items()}
-            if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
-                self._elastic.link.remember_batch(step, timestamp_ms, logged)
-            points.append((step, timestamp_ms, logged))
-        return points
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         self._train_state, self._validating = None, False
@@ -335,36 +308,6 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
         self._finished = True
         self._stop_sampler()
         self._hand_over()
-
-    # -- used by autolog -------------------------------------------------------------------------------
-    def _set_fit_arguments(
-        self,
-        batch_size: int | None,
-        empty_shards: tuple[str, ...] = (),
-        folders: Sequence[FolderUpload] = (),
-        batches: shards.Batches | None = None,
-    ) -> None:
-        self._batch_size = batch_size
-        self._empty_shards = empty_shards
-        self._batches = batches or shards.Batches()
-        self._folders = tuple(folders)  # rank 0: what of TensorBoard's folders to upload at the end
-        self._ends_after_fit = True
-
-    def _empty_here(self) -> tuple[str, ...]:
-        """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of
-        training steps (0: nothing to train on). Agreed there: any rank's raises on every rank."""
-        empty = set(self._empty_shards)
-        if (getattr(self, "params", None) or {}).get("steps") == 0:
-            empty.add(shards.TRAINING)
-        return tuple(part for part in (shards.TRAINING, shards.VALIDATION) if part in empty)
-
-    def _train_begin_without_fit(self, model: Any, epochs: Any) -> None:
-        """A rank with no training data, which Keras would refuse on this rank alone (tf_keras before any callback):
-        instead of ``fit``, this rank's part of the train-begin agreement, which raises the same error on every
-        rank."""
-        self.set_model(model)
-        self.set_params({"epochs": epochs, "steps": 0, "verbose": 0})
-        self.on_train_begin()
 
 
 def _concrete_class(flavour: str) -> type:

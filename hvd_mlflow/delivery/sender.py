@@ -296,34 +296,13 @@ class Sender:
         self.journal.release(delete=self.delivered_all)
 
     def _warn_undelivered(self, left: int) -> None:
-        if self.journal.in_memory and self.journal.file is not None:
-            where = (
-                f"The journal moved to memory when {self.journal.file.path} failed; they are written back there if "
-                f"it can be written again (then:  hvd-mlflow sync {self.journal.file.path}), else they are lost."
-            )
-        elif self.journal.in_memory:
-            dropped = self.journal.dropped_points
-            where = "The journal was in memory only (no writable journal directory): they are lost" + (
-                f", as are {dropped} older values it could not hold." if dropped else "."
-            )
-        elif self._job_mode and Path(self.journal.location).parent == JOB_DIRECTORY:
-            where = (
-                f"They are kept in {self.journal.location}, which AzureML uploads into the job's run with ./outputs "
-                "when the job ends: download it (Studio: the job's Outputs + logs; or  az ml job download --name "
-                "<job> --download-path <d>, which puts it under <d>/artifacts/), then, logged in to Azure (az "
-                f"login):  hvd-mlflow sync <d>/artifacts/{self.journal.location}  (the journal knows the workspace)"
-            )
-        else:
-            where = (
-                f"They are kept in {self.journal.location}; upload them with:  hvd-mlflow sync {self.journal.location}"  # noqa: E501
-            )
         logger.warning(
             "hvd-mlflow: %d journal entr%s not delivered to %s%s. %s",
             left,
             "y was" if left == 1 else "ies were",
             mask_uri(self._tracking_uri) if self._tracking_uri else "MLflow's default tracking URI",
             " (the server does not answer)" if self.server_down() else "",
-            where,
+            _where_left(self.journal, self._job_mode),
         )
 
     # -- sender thread ---------------------------------------------------------------------------------
@@ -441,3 +420,25 @@ class _NoticingAnswers:
             return result
 
         return call
+
+
+def _where_left(journal: LiveJournal, job_mode: bool) -> str:
+    """Where the entries the end of fit could not deliver are kept, and how to deliver them."""
+    if journal.in_memory and journal.file is not None:
+        return (
+            f"The journal moved to memory when {journal.file.path} failed; they are written back there if it can be "
+            f"written again (then:  hvd-mlflow sync {journal.file.path}), else they are lost."
+        )
+    if journal.in_memory:
+        dropped = journal.dropped_points
+        return "The journal was in memory only (no writable journal directory): they are lost" + (
+            f", as are {dropped} older values it could not hold." if dropped else "."
+        )
+    if job_mode and Path(journal.location).parent == JOB_DIRECTORY:
+        return (
+            f"They are kept in {journal.location}, which AzureML uploads into the job's run with ./outputs when the "
+            "job ends: download it (Studio: the job's Outputs + logs; or  az ml job download --name <job> "
+            "--download-path <d>, which puts it under <d>/artifacts/), then, logged in to Azure (az login):  "
+            f"hvd-mlflow sync <d>/artifacts/{journal.location}  (the journal knows the workspace)"
+        )
+    return f"They are kept in {journal.location}; upload them with:  hvd-mlflow sync {journal.location}"

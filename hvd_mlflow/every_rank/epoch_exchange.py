@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .._log import warn_once
 from . import divergence, fit_plan, keras_flavour, metric_state, run_params, tracing
-from .aggregate import Reduced
+from .aggregate import Part, Reduced
 from .system_metrics import summary as system_summary
+
+Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_ms, values
 
 
 class EpochExchange:
@@ -38,6 +41,19 @@ class EpochExchange:
         if not self._needs_states():
             return []
         return _present([metric_state.capture(self.model, prefix="")])
+
+    def _batch_points(self, kept: Sequence[tuple[int, int, Part]], results: Sequence[Reduced]) -> list[Point]:
+        """Every rank: the logged batches' ``(step, timestamp_ms, values)`` under their ``batch/`` names, kept for
+        an elastic replay."""
+        points = []
+        for (step, timestamp_ms, _), reduced in zip(kept, results, strict=True):
+            values = {f"batch/{k}": v for k, v in {**reduced.values, **reduced.spread}.items()}
+            names = self._metric_names(values)  # on every rank: a collision raises on every rank
+            logged = {names[k]: v for k, v in values.items()}
+            if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
+                self._elastic.link.remember_batch(step, timestamp_ms, logged)
+            points.append((step, timestamp_ms, logged))
+        return points
 
     def _keep_train_state(self) -> None:
         """Before fit's validation resets the metrics: keep the training state (and, for ``mean``, the samples)."""

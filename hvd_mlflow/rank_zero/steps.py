@@ -68,11 +68,27 @@ class RankZeroSteps:
         self._run_logger.log_tags({later_fits.FIT_STARTS_TAG: ",".join(map(str, dict.fromkeys(starts)))})
 
     def _epoch_extras(self, inexact: set[str]) -> None:
-        """Rank 0 at an epoch end: the inexact keys' tag (the epoch time, throughput and learning rate are every
-        rank's: :meth:`hvd_mlflow.every_rank.epoch_exchange.EpochExchange._epoch_dynamics`)."""
-        if inexact - self._inexact_logged:
-            with self._rank0.step("recording which values are not exact"):
-                self._record_inexact(inexact)
+        """Rank 0 at an epoch end: which values are the weighted mean instead of exact (the epoch time, throughput
+        and learning rate are every rank's:
+        :meth:`hvd_mlflow.every_rank.epoch_exchange.EpochExchange._epoch_dynamics`)."""
+        if not inexact - self._inexact_logged:
+            return
+        with self._rank0.step("recording which values are not exact"):  # said once, kept in a tag
+            inexact = inexact | self._inexact_logged
+            from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
+            if from_metrics and not set(from_metrics) <= self._inexact_logged:
+                names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})
+                warn_once(
+                    "non-additive:" + ",".join(names),
+                    "hvd-mlflow: metric(s) %s keep a state that may not add up over ranks (their update_state or "
+                    "result is your code), so %s are the sample-weighted mean of the ranks' values, not the exact "
+                    "value. If the state does add up (counts, sums), declare it: hvd_mlflow_additive = True on the "
+                    "metric's class.",
+                    ", ".join(names),
+                    ", ".join(from_metrics),
+                )
+            self._inexact_logged = inexact
+            self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
 
     def _finish_logging(self, status: str, error: BaseException | None = None) -> None:
         """Rank 0 at the end of a fit: the outcome, the model, the last epochs, all within ``flush_timeout``."""
@@ -123,10 +139,15 @@ class RankZeroSteps:
         if cancel is not None:
             cancel()
 
-    def _hand_over(self) -> None:
-        self._drop_exit_hook()
+    def _detach(self) -> RunLogger | None:
+        """Rank 0 stops logging this fit (no exit hook, the CSV file closed): its run logger, for the caller to end."""
         run_logger, self._run_logger = self._run_logger, None
+        self._drop_exit_hook()
         self._close_csv()
+        return run_logger
+
+    def _hand_over(self) -> None:
+        run_logger = self._detach()
         if run_logger is None:
             return
         with self._rank0.step("handing the run over after a reset"):
@@ -139,19 +160,15 @@ class RankZeroSteps:
 
     def _end_cut_fit(self) -> None:
         """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
-        self._drop_exit_hook()
-        run_logger, self._run_logger = self._run_logger, None
-        self._close_csv()
+        run_logger = self._detach()
         if run_logger is not None:
             with self._rank0.step("ending the previous fit's run"):
                 run_logger.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
 
     def _stop_logging(self) -> None:
         """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
-        run_logger, self._run_logger = self._run_logger, None
         try:
-            self._drop_exit_hook()
-            self._close_csv()
+            run_logger = self._detach()
             if run_logger is not None:
                 run_logger.stop()
         except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
@@ -311,25 +328,6 @@ class RankZeroSteps:
         model_logging.log_model(
             self.model, run_id, self._flavour or "keras", as_artifacts=as_artifacts, timeout=deadline - time.monotonic()
         )
-
-    def _record_inexact(self, inexact: set[str]) -> None:
-        """Rank 0: say once which values are the weighted mean instead of exact, and keep them in a tag."""
-        assert self._run_logger is not None
-        inexact = inexact | self._inexact_logged
-        from_metrics = sorted(k for k in inexact if k in (self._not_additive or ()))
-        if from_metrics and not set(from_metrics) <= self._inexact_logged:
-            names = sorted({m.name for m in metric_state.non_additive_metrics(self.model)})
-            warn_once(
-                "non-additive:" + ",".join(names),
-                "hvd-mlflow: metric(s) %s keep a state that may not add up over ranks (their update_state or "
-                "result is your code), so %s are the sample-weighted mean of the ranks' values, not the exact "
-                "value. If the state does add up (counts, sums), declare it: hvd_mlflow_additive = True on the "
-                "metric's class.",
-                ", ".join(names),
-                ", ".join(from_metrics),
-            )
-        self._inexact_logged = inexact
-        self._run_logger.log_tags({INEXACT_TAG: ",".join(sorted(inexact))})
 
 
 def _model_not_logged_server_down() -> None:
