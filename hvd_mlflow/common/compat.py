@@ -107,10 +107,6 @@ class Row:
     mlflow: str
     azureml_mlflow: str | None
 
-    def describe(self) -> str:
-        return (f"Python {self.python}, TensorFlow {self.tensorflow} ({self.keras}), MLflow {self.mlflow}, "
-                f"azureml-mlflow {self.azureml_mlflow or 'not installed'}")  # fmt: skip
-
 
 ROWS = (
     Row("tf2.16", "AzureML today", "3.11", "2.16.2", "tf_keras 2", "3.15.0", "1.62.0.post6"),

@@ -5,7 +5,7 @@ try) and take no deadline. For the MLflow server's artifact proxy (``mlflow-arti
 ``PUT`` or ``DELETE`` MLflow's own repository would send is sent here with no retry and a timeout that ends by the
 given moment, so a caller's thread is never left waiting on a request past it. Other repositories (a local folder,
 AzureML's plugin, a cloud store) are called as MLflow calls them: a local copy ends at once; the others keep their
-own timeouts, which this module cannot shorten (:func:`bounded`).
+own timeouts, which this module cannot shorten.
 
 One file is stored whole or not at all: the server's proxy writes an upload to a temporary file and stores it only
 once it has arrived whole (``mlflow/server/handlers.py``, ``_upload_artifact``), a local repository renames its
@@ -39,14 +39,6 @@ def repository(artifact_uri: str) -> Any:
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     return get_artifact_repository(artifact_uri)
-
-
-def bounded(repo: Any) -> bool:
-    """Whether each request to ``repo`` ends by the moment given (the server's artifact proxy, a local folder)."""
-    from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
-    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
-
-    return isinstance(repo, (HttpArtifactRepository, LocalArtifactRepository))
 
 
 def put(repo: Any, local_file: Path, artifact_dir: str | None, end: float) -> None:

@@ -141,10 +141,6 @@ class MetricBudget:
         self.over: list[str] = []
         self.settled = limit is None and settled
 
-    @property
-    def used(self) -> int:
-        return len(self._names.names)
-
     def settle(self, names: Iterable[str]) -> None:
         """Give the room left to ``names`` in priority order (stable within a rank of the order). A ``batch/<key>``
         seen before the first epoch values also keeps a place for ``<key>``: it comes with every epoch."""

@@ -86,10 +86,6 @@ class Uploader:
     def run_id(self) -> str | None:
         return self.run.run_id
 
-    @property
-    def skipped_points(self) -> int:
-        return self.resume.skipped_points
-
     def ensure_run(self) -> str:
         return self.run.ensure_run()
 

@@ -43,9 +43,7 @@ _SIGNATURE_BITS = 20
 
 def scalar(value: Any) -> float | None:
     """``value`` as a float when it is one number (Python, NumPy or 0-d tensor), else ``None``."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real):  # bool too
         return float(value)
     if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
         try:

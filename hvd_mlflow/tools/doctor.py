@@ -63,7 +63,7 @@ def checks(probe_server: Callable[[str], tuple[bool, str]] | None = None) -> lis
 
     out.append(_guard("horovod", f"build horovod 0.28.1 against this TensorFlow: {dependencies.HOROVOD}", horovod))
     out.append(_guard("engine", "run it under the job's launcher: mpirun -np N hvd-mlflow doctor", _ranks))
-    out.append(_guard("mlflow", dependencies.MLFLOW, lambda: Check("mlflow", _mlflow_version())))
+    out.append(_guard("mlflow", dependencies.MLFLOW, lambda: Check("mlflow", compat.mlflow_version())))
 
     def tracking() -> Check:
         import mlflow
@@ -187,10 +187,10 @@ def environment_row(plugin: str | None) -> compat.Row:
         import tensorflow as tf
     except ImportError:  # Keras 3 on another backend (the JAX row), or no Keras at all
         keras = "keras 3" if _backend() not in ("", "tensorflow") else ""
-        return compat.Row("here", "this environment", python, "", keras, _mlflow_version(), plugin)
+        return compat.Row("here", "this environment", python, "", keras, compat.mlflow_version(), plugin)
     flavour = keras_flavour.of_tf_keras()
     keras = f"{flavour} {keras_flavour.version(flavour).split('.')[0]}"
-    return compat.Row("here", "this environment", python, tf.__version__, keras, _mlflow_version(), plugin)
+    return compat.Row("here", "this environment", python, tf.__version__, keras, compat.mlflow_version(), plugin)
 
 
 def _row(plugin: str | None) -> Check:
@@ -202,7 +202,7 @@ def _row(plugin: str | None) -> Check:
 
 def _combination(plugin: str | None, uses_azureml: bool) -> list[Check]:
     """The known-bad combinations of MLflow and AzureML here: a failure each, or one line saying there is none."""
-    problems = compat.known_problems(_mlflow_version(), plugin, compat.declared_mlflow_range(), uses_azureml)
+    problems = compat.known_problems(compat.mlflow_version(), plugin, compat.declared_mlflow_range(), uses_azureml)
     if not problems:
         return [Check("combination", "no known-bad combination of MLflow and azureml-mlflow")]
     out = []
@@ -241,12 +241,6 @@ def _keras() -> Check:
 def _keras3() -> bool:
     flavour = keras_flavour.of_tf_keras()
     return flavour == "keras" and keras_flavour.version("keras").startswith("3")
-
-
-def _mlflow_version() -> str:
-    import mlflow
-
-    return mlflow.__version__
 
 
 def _probe(uri: str) -> tuple[bool, str]:

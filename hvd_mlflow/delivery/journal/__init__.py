@@ -34,49 +34,28 @@ Example::
 from __future__ import annotations
 
 from .file import FileJournal
-from .finding import companion_of, companions, default_directory, find, inspect, pending_count
-from .live import WRITE_BACK_TIMEOUT_S, LiveJournal
+from .finding import companion_of, default_directory, find, inspect, pending_count
+from .live import LiveJournal
 from .memory import MEMORY_MAX_POINTS, MemoryJournal
-from .records import (
-    DELIVERED,
-    LOCK_SUFFIX,
-    PENDING,
-    REJECTED,
-    STORAGE_ERRORS,
-    SUFFIX,
-    Entry,
-    Journal,
-    JournalMeta,
-    NewEntry,
-    NotAJournal,
-)
-from .writer import WriterLock, writer_pid_alive, writer_state, written_now
+from .records import DELIVERED, REJECTED, Entry, Journal, JournalMeta, NotAJournal
+from .writer import writer_state, written_now
 
 __all__ = [
     "DELIVERED",
-    "LOCK_SUFFIX",
     "MEMORY_MAX_POINTS",
-    "PENDING",
     "REJECTED",
-    "STORAGE_ERRORS",
-    "SUFFIX",
-    "WRITE_BACK_TIMEOUT_S",
     "Entry",
     "FileJournal",
     "Journal",
     "JournalMeta",
     "LiveJournal",
     "MemoryJournal",
-    "NewEntry",
     "NotAJournal",
-    "WriterLock",
     "companion_of",
-    "companions",
     "default_directory",
     "find",
     "inspect",
     "pending_count",
-    "writer_pid_alive",
     "writer_state",
     "written_now",
 ]

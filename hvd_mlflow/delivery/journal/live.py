@@ -36,7 +36,6 @@ class LiveJournal(AppendsOne):
         self._current: FileJournal | MemoryJournal = journal
         self._lock = threading.RLock()
         self.file: FileJournal | None = journal if isinstance(journal, FileJournal) else None
-        self.fallback_reason: str | None = None
         self._last_meta = journal.meta()
         self._last_seq = 0  # the highest sequence number handed out: a memory journal continues after it
         self._released = False
@@ -61,9 +60,7 @@ class LiveJournal(AppendsOne):
                 error,
                 MEMORY_MAX_POINTS,
             )
-            live = cls(MemoryJournal(meta))
-            live.fallback_reason = f"{type(error).__name__}: {error}"
-            return live
+            return cls(MemoryJournal(meta))
 
     @property
     def in_memory(self) -> bool:
@@ -102,7 +99,6 @@ class LiveJournal(AppendsOne):
         self._taken = {entry.seq for entry in memory.pending(limit=10**9)}
         self._current = memory
         _mark_moved(file.path)
-        self.fallback_reason = f"{type(error).__name__}: {error}"
         logger.warning(
             "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
             "(at most %d unsent values; what is not delivered when this process ends is lost). Training goes on.",
