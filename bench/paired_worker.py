@@ -205,13 +205,15 @@ VARIANTS = ("hvd", "hvd-eager", "hvd-mean", "hvd-system", "hvd-batch1", "hvd-bat
 
 
 def never_traced(on: bool) -> None:
-    """Variant ``hvd-eager``: hvd-mlflow's own functions are never traced (every epoch end computes eagerly), to
-    weigh the background tracing (hvd_mlflow/every_rank/tracing.py) against what it saves."""
+    """Variant ``hvd-eager``: hvd-mlflow's own functions are never traced, nor called compiled if an earlier fit of
+    the job traced them (every epoch end computes eagerly), to weigh the background tracing
+    (hvd_mlflow/every_rank/tracing.py) against what it saves."""
     from hvd_mlflow.every_rank import tracing
 
     if not hasattr(tracing.Traced, "_bench_start"):
-        tracing.Traced._bench_start = tracing.Traced.start
+        tracing.Traced._bench_start, tracing.Traced._bench_ready = tracing.Traced.start, tracing.Traced.ready
     tracing.Traced.start = (lambda self: None) if on else tracing.Traced._bench_start
+    tracing.Traced.ready = property(lambda self: False) if on else tracing.Traced._bench_ready
 
 
 def switch(variant: str, on: bool, out: Path) -> list:

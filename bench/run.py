@@ -280,7 +280,7 @@ def paired(
             fault = (lambda r, d=latency: Delay(d)) if latency else None
             args = ["--variant", variant, "--model", model, "--pairs", str(pairs), "--epochs", str(epochs),
                     "--threads", str(threads), "--out", str(out), "--against", against]  # fmt: skip
-            profiled = (variant == "hvd" and against == "none") or variant.startswith("hvd-batch")
+            profiled = (variant in ("hvd", "hvd-eager") and against == "none") or variant.startswith("hvd-batch")
             with Proxy(server.url, fault=fault) as proxy:
                 env = {"MLFLOW_TRACKING_URI": proxy.url, "MLFLOW_EXPERIMENT_ID": experiment}
                 server_cpu = server_cpu_s(server)
