@@ -20,7 +20,8 @@ marks entries acknowledged once the server accepted them; ``hvd-mlflow sync`` up
 - :mod:`.finding`: journal files on disk, read only (:func:`find`, :func:`inspect`, :func:`pending_count`,
   :func:`companion_of`, :func:`default_directory`), for ``sync`` and ``doctor``.
 
-Every name is importable from here (``from hvd_mlflow.delivery.journal import FileJournal``).
+What other modules use is importable from here (``from hvd_mlflow.delivery.journal import FileJournal``); the
+rest from its own module (``from hvd_mlflow.delivery.journal.records import PENDING``).
 
 Example::
 
