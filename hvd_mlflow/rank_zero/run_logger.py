@@ -149,20 +149,6 @@ class RunLogger:
     def wait_for_run(self, timeout: float) -> str | None:
         return self.sender.wait_for_run(timeout)
 
-    def wait_for_run_at_end(self, deadline: float) -> str | None:
-        return self.sender.wait_for_run_at_end(deadline)
-
-    def cannot_answer(self) -> bool:
-        return self.sender.cannot_answer()
-
-    def known_down(self) -> bool:
-        """At the end of fit: the server is known down (from now on the end's grace counts)."""
-        return self.sender.known_down()
-
-    def record_outcome(self, status: str) -> None:
-        """The training's outcome, in the journal: ``sync`` ends a run hvd-mlflow created with it."""
-        self.journal.update_meta(final_status=status)
-
     def close(self, status: str | None, deadline: float) -> bool:
         """Record the outcome (``None``: leave the run open), deliver until ``deadline``; True if all was."""
         return self.sender.close(status, deadline)

@@ -63,8 +63,7 @@ class RankZeroSteps:
 
     def _tag_fit_start(self) -> None:
         """Rank 0, at a later fit's first epoch: the tag that says at which step each fit of this process began."""
-        assert self._run_logger is not None and self._offsets.logged is not None
-        starts = [*self._offsets.logged.fit_starts, self._step]
+        starts = [*self._offsets.logged.fit_starts, self._step]  # (a later fit: rank 0 recalled earlier ones)
         self._run_logger.log_tags({later_fits.FIT_STARTS_TAG: ",".join(map(str, dict.fromkeys(starts)))})
 
     def _epoch_extras(self, inexact: set[str]) -> None:
@@ -96,7 +95,7 @@ class RankZeroSteps:
         run_logger = self._run_logger
         self._drop_exit_hook()
         with self._rank0.step("recording the training's outcome"):  # first: a kill during the upload keeps it
-            run_logger.record_outcome(status)
+            run_logger.journal.update_meta(final_status=status)  # sync ends a run hvd-mlflow created with it
         if error is not None:  # its traceback comes after the delivery, which mpirun may cut when another rank exits
             with self._rank0.step("saying what fit raised"):
                 logger.error(
@@ -304,11 +303,12 @@ class RankZeroSteps:
         return not destination.is_azureml_job(mlflow.get_tracking_uri())
 
     def _log_model(self, deadline: float, run_logger: RunLogger) -> None:
-        if run_logger.known_down():
+        sender = run_logger.sender
+        if sender.known_down():
             logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer")
             return
         # not beyond the moment the server is known down (it cannot answer): that ends the whole end of fit soon
-        run_id = self.run_id or run_logger.wait_for_run_at_end(min(time.monotonic() + self.options.run_wait, deadline))
+        run_id = self.run_id or sender.wait_for_run_at_end(min(time.monotonic() + self.options.run_wait, deadline))
         if run_id is None:
             logger.warning("hvd-mlflow: the model was not logged: the MLflow run could not be opened")
             return
@@ -316,13 +316,13 @@ class RankZeroSteps:
         # client would retry the upload until the deadline. Asked before the upload starts, so that no upload is left
         # half-way, and before MLflow's import, which the sender's thread may still be doing (seconds on a busy host)
         # and which an http(s) server's question does not need.
-        if run_logger.cannot_answer():
+        if sender.cannot_answer():
             _model_not_logged_server_down()
             return
         import mlflow  # after the wait: the sender's thread may still be importing it (then this waits for that)
 
         as_artifacts = destination.is_azureml(mlflow.get_tracking_uri())  # AzureML has no logged-models API
-        if as_artifacts and run_logger.cannot_answer():  # the plugin's address, which the question before the import
+        if as_artifacts and sender.cannot_answer():  # the plugin's address, which the question before the import
             _model_not_logged_server_down()  # could not know while the sender's thread was still importing MLflow
             return
         model_logging.log_model(
