@@ -43,7 +43,7 @@ class FitArguments:
     def _proposal(self, first_step: int, every: int, logged: Logged | None) -> fit_plan.Proposal:
         """What this rank brings to the train-begin agreement (rank 0: its run, first step, batch interval and what
         its process logged before; every rank: the options that shape collectives, its host, its data)."""
-        params, kept = self._proposed_params()  # type: ignore[attr-defined]  (RankZeroSteps': elastic's params)
+        params, kept = self._proposed_params()  # RankZeroSteps': under elastic, the run's params
         return fit_plan.Proposal(
             self.run_id,
             self._owns_run,
@@ -70,6 +70,6 @@ class FitArguments:
         """A rank with no training data, which Keras would refuse on this rank alone (tf_keras before any callback):
         instead of ``fit``, this rank's part of the train-begin agreement, which raises the same error on every
         rank."""
-        self.set_model(model)  # type: ignore[attr-defined]  (Keras' Callback)
-        self.set_params({"epochs": epochs, "steps": 0, "verbose": 0})  # type: ignore[attr-defined]
-        self.on_train_begin()  # type: ignore[attr-defined]
+        self.set_model(model)  # Keras' Callback
+        self.set_params({"epochs": epochs, "steps": 0, "verbose": 0})
+        self.on_train_begin()
