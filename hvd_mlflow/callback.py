@@ -265,9 +265,7 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
         rank0_step = reduced.carried.get("rank0_step", math.nan)
         if math.isfinite(rank0_step):  # agreed by every rank: the batch count never drifts from the optimizer
             self._clock.anchor(int(rank0_step))
-        values = {**reduced.values, **reduced.spread}
-        names = self._metric_names(values)  # on every rank: a collision raises on every rank
-        logged = {names[k]: v for k, v in values.items()}
+        logged = self._named(reduced)  # on every rank: a name collision raises on every rank
         logged.update(self._ranks_health(reduced))
         for key, value in self._epoch_dynamics(reduced).items():  # every rank: the time, throughput, learning rate
             logged.setdefault(key, value)

@@ -47,13 +47,18 @@ class EpochExchange:
         an elastic replay."""
         points = []
         for (step, timestamp_ms, _), reduced in zip(kept, results, strict=True):
-            values = {f"batch/{k}": v for k, v in {**reduced.values, **reduced.spread}.items()}
-            names = self._metric_names(values)  # on every rank: a collision raises on every rank
-            logged = {names[k]: v for k, v in values.items()}
+            logged = self._named(reduced, prefix="batch/")
             if self._elastic is not None:  # every rank keeps it: any of them may be rank 0 after a reset
                 self._elastic.link.remember_batch(step, timestamp_ms, logged)
             points.append((step, timestamp_ms, logged))
         return points
+
+    def _named(self, reduced: Reduced, prefix: str = "") -> dict[str, float]:
+        """A reduced part's values and rank spread under the names the server takes (``prefix``: ``batch/``), on
+        every rank: a collision raises on every rank."""
+        values = {prefix + k: v for k, v in {**reduced.values, **reduced.spread}.items()}
+        names = self._metric_names(values)
+        return {names[k]: v for k, v in values.items()}
 
     def _keep_train_state(self) -> None:
         """Before fit's validation resets the metrics: keep the training state (and, for ``mean``, the samples)."""

@@ -44,6 +44,7 @@ class FitArguments:
         """What this rank brings to the train-begin agreement (rank 0: its run, first step, batch interval and what
         its process logged before; every rank: the options that shape collectives, its host, its data)."""
         params, kept = self._proposed_params()  # RankZeroSteps': under elastic, the run's params
+        steps = (getattr(self, "params", None) or {}).get("steps")  # Keras' count of this rank's training steps
         return fit_plan.Proposal(
             self.run_id,
             self._owns_run,
@@ -51,18 +52,18 @@ class FitArguments:
             fit_plan.collective_shape(self.options, self.model),
             every,
             topology.hostname(),
-            self._empty_here(),
+            self._empty_here(steps),
             params=params,
-            batches=dataclasses.replace(self._batches, steps=(getattr(self, "params", None) or {}).get("steps")),
+            batches=dataclasses.replace(self._batches, steps=steps),
             params_kept=kept,
             logged=logged,
         )
 
-    def _empty_here(self) -> tuple[str, ...]:
+    def _empty_here(self, steps: int | None) -> tuple[str, ...]:
         """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of
-        training steps (0: nothing to train on). Agreed there: any rank's raises on every rank."""
+        training ``steps`` (0: nothing to train on). Agreed there: any rank's raises on every rank."""
         empty = set(self._empty_shards)
-        if (getattr(self, "params", None) or {}).get("steps") == 0:
+        if steps == 0:
             empty.add(shards.TRAINING)
         return tuple(part for part in (shards.TRAINING, shards.VALIDATION) if part in empty)
 
