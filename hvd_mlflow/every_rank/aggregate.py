@@ -35,7 +35,7 @@ from .._log import warn_once
 from ..config import REDUCTIONS
 from ..errors import MetricKeyMismatchError
 from .collectives import Collectives
-from .metric_state import MetricState, compute_all
+from .metric_state import MetricState, compute_all, spans
 from .tracing import HEALTHY_KEY, READY_KEY, Agreement
 
 _SIGNATURE_BITS = 20
@@ -200,29 +200,24 @@ class Reducer:
         size = self._comm.size
         if total[-2] != size * signature or total[-1] != size * signature * signature:
             self._raise_if_layouts_differ(keys, layout, tag)
-        slices, at = [], 0
-        for pack in packed:
-            slices.append((at, at + pack.vector.size))
-            at += pack.vector.size
+        slices = spans(p.vector.size for p in packed)
         carry = list(parts[-1].carry)
         if READY_KEY in carry:  # from this collective on (every rank reads the same sums), compiled if all were ready
-            at = slices[-1][1] - len(carry)
+            at = slices[-1].stop - len(carry)
             agreed = {key: float(total[at + carry.index(key)]) for key in (READY_KEY, HEALTHY_KEY) if key in carry}
             self.agreement.learn(agreed, size)
         # exact: every part's results from its summed states, all together (the states of one model)
         computed: list[dict[str, float]] = []
         if self.mode == "exact":
             states = [state for pack in packed for state in pack.states]
-            summed = [x for pack, (a, _) in zip(packed, slices, strict=True) for x in _summed_states(pack, total[a:])]
+            summed = [total[p_at][s] for p, p_at in zip(packed, slices, strict=True) for s in _state_spans(p)]
             agreed = self.agreement
             computed = compute_all(states, summed, compiled=agreed.compiled, healthy=agreed.healthy) if states else []
-        results, at_state = [], 0
-        for part, pack, (a, b) in zip(parts, packed, slices, strict=True):
-            own = computed[at_state : at_state + len(pack.states)]
-            at_state += len(pack.states)
-            rows = per_rank[:, a:b] if per_rank is not None else None
-            results.append(self._unpack(part, pack, total[a:b], rows, own))
-        return results
+        owns = spans(len(pack.states) for pack in packed)  # each part's share of ``computed``
+        return [
+            self._unpack(part, pack, total[at], per_rank[:, at] if per_rank is not None else None, computed[own])
+            for part, pack, at, own in zip(parts, packed, slices, owns, strict=True)
+        ]
 
     def _with_own_values(self, part: Part) -> Part:
         """``part`` with this rank's own values where the reduction needs them and Keras' logs hold the global ones
@@ -339,13 +334,10 @@ class Reducer:
             )
 
 
-def _summed_states(pack: _Packed, total: np.ndarray) -> list[np.ndarray]:
-    """The summed state of each of a part's metric states, from the part's share of the total (it starts there)."""
-    offset, out = 3 * len(pack.keys), []
-    for state in pack.states:
-        out.append(total[offset : offset + state.values.size])
-        offset += state.values.size
-    return out
+def _state_spans(pack: _Packed) -> list[slice]:
+    """Where each of a part's metric states sits in the part's share of the collective (after values, weighted
+    values and samples)."""
+    return spans((state.values.size for state in pack.states), start=3 * len(pack.keys))
 
 
 def _samples_for(key: str, states: Sequence[MetricState]) -> float:

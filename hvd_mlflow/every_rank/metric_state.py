@@ -18,7 +18,7 @@ validation begins (``on_test_begin``), and the validation state at ``on_epoch_en
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -142,12 +142,10 @@ def inexact_keys(model: Any) -> set[str]:
     own = computer._read_eagerly()
     probes = []
     for probe in range(3):
-        state, offset = own.copy(), 0
-        for index, (variable, (shape, dtype)) in enumerate(zip(variables, computer._layout, strict=True)):
-            size = int(np.prod(shape, dtype=np.int64))
+        state = own.copy()
+        for index, (variable, (span, shape, dtype)) in enumerate(zip(variables, computer._layout, strict=True)):
             if id(variable) in probed:
-                state[offset : offset + size] = _probe(np.zeros(shape, dtype), probe, index).ravel()
-            offset += size
+                state[span] = _probe(np.zeros(shape, dtype), probe, index).ravel()
         probes.append(state)
     try:
         results = computer._run_eagerly(probes, own)
@@ -256,8 +254,9 @@ class _Computer:
         self._model = weakref.ref(model)  # never keeps a model alive (the cache is keyed by it)
         self._metrics = list(model.metrics)
         self.variables = list(variables)
-        self._layout = [(tuple(v.shape), _dtype_name(v)) for v in variables]
-        self._count_at = _loss_count_offset(model, self.variables)
+        self._layout = _layout(variables)  # each variable's (span in the flat state, shape, dtype)
+        count, spans = _loss_count(model), [span for span, _, _ in self._layout]  # the loss count:
+        self._count_at = next((s.start for v, s in zip(variables, spans, strict=True) if v is count), None)  # its place
         self._compiled: dict[int, Any] = {}  # number of states (logged batches') -> concrete function
         self.traced: Traced | None = None  # {number of states: concrete function}, traced in the background
         self._reader: Any = None
@@ -345,16 +344,11 @@ class _Computer:
         Under tf.distribute it runs in replica context (:mod:`.replica_local`): each step on this worker's copies."""
         import tensorflow as tf
 
-        layout, variables, metrics = self._layout, self.variables, self._metrics
-        read, unwrapped = _reading(variables), self._strategy is not None
+        layout, metrics = list(zip(self.variables, self._layout, strict=True)), self._metrics
+        read, unwrapped = _reading(self.variables), self._strategy is not None
 
         def assign(flat: Any) -> list[Any]:
-            offset, ops = 0, []
-            for variable, (shape, dtype) in zip(variables, layout, strict=True):
-                size = int(np.prod(shape, dtype=np.int64))
-                ops.append(variable.assign(tf.cast(tf.reshape(flat[offset : offset + size], shape), dtype)))
-                offset += size
-            return ops
+            return [v.assign(tf.cast(tf.reshape(flat[span], shape), dtype)) for v, (span, shape, dtype) in layout]
 
         def run(summed_states: Any) -> list[dict[str, Any]]:
             own_state = read()
@@ -380,8 +374,7 @@ class _Computer:
         """The concrete function of :meth:`_program`."""
         import tensorflow as tf
 
-        size = sum(int(np.prod(shape, dtype=np.int64)) for shape, _ in self._layout)
-        spec = tf.TensorSpec([count, size], tf.float64)
+        spec = tf.TensorSpec([count, self._layout[-1][0].stop], tf.float64)
         return tf.function(self._program(count), autograph=False).get_concrete_function(spec)
 
     @staticmethod
@@ -414,11 +407,8 @@ class _Computer:
         import tensorflow as tf
 
         def restore() -> None:
-            offset = 0
-            for variable, (shape, dtype) in zip(self.variables, self._layout, strict=True):
-                size = int(np.prod(shape, dtype=np.int64))
-                variable.assign(tf.constant(saved[offset : offset + size].reshape(shape), dtype))
-                offset += size
+            for variable, (span, shape, dtype) in zip(self.variables, self._layout, strict=True):
+                variable.assign(tf.constant(saved[span].reshape(shape), dtype))
 
         replica_local.in_replicas(self._strategy, restore)
 
@@ -427,11 +417,8 @@ class _Computer:
         3's wrappers)."""
         if self._raw is None:
             self._raw = [replica_local.tf_variable(v) for v in self.variables]
-        offset = 0
-        for variable, (shape, dtype) in zip(self._raw, self._layout, strict=True):
-            size = int(np.prod(shape, dtype=np.int64))
-            variable.assign(flat[offset : offset + size].reshape(shape).astype(dtype), read_value=False)
-            offset += size
+        for variable, (span, shape, dtype) in zip(self._raw, self._layout, strict=True):
+            variable.assign(flat[span].reshape(shape).astype(dtype), read_value=False)
 
 
 def _dtype_name(variable: Any) -> str:
@@ -439,15 +426,16 @@ def _dtype_name(variable: Any) -> str:
     return getattr(dtype, "name", None) or str(dtype)  # tf.DType (tf_keras) or a string (Keras 3)
 
 
-def _loss_count_offset(model: Any, variables: list[Any]) -> int | None:
-    """Where the loss tracker's count sits in the flat state."""
-    count = _loss_count(model)
-    offset = 0
-    for variable in variables:
-        if variable is count:
-            return offset
-        offset += int(np.prod(tuple(variable.shape), dtype=np.int64))
-    return None
+def spans(sizes: Iterable[int], start: int = 0) -> list[slice]:
+    """The slices of consecutive pieces of ``sizes`` in a flat vector, the first at ``start``."""
+    ends = (start + np.cumsum([0, *sizes], dtype=np.int64)).tolist()
+    return [slice(a, b) for a, b in zip(ends[:-1], ends[1:], strict=True)]
+
+
+def _layout(variables: list[Any]) -> list[tuple[slice, tuple[int, ...], str]]:
+    """Each variable's place in the flat state (a slice), shape and dtype name."""
+    places = spans(int(np.prod(tuple(v.shape), dtype=np.int64)) for v in variables)
+    return [(place, tuple(v.shape), _dtype_name(v)) for place, v in zip(places, variables, strict=True)]
 
 
 def _reading(variables: list[Any]) -> Callable[[], Any]:
