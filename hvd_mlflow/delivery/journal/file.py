@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .finding import companions
-from .records import DELIVERED, PENDING, REJECTED, SUFFIX, AppendsOne, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, REJECTED, SUFFIX, Entry, Journal, JournalMeta, NewEntry
 from .writer import WriterLock, writer_pid_alive, writer_state
 
 _SCHEMA = """
@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS rejections (seq INTEGER PRIMARY KEY, reason TEXT NOT 
 """
 
 
-class FileJournal(AppendsOne):
+class FileJournal(Journal):
     """One training's journal file. One connection, used from any thread; :class:`~.live.LiveJournal` serialises."""
 
     def __init__(self, path: Path, connection: sqlite3.Connection) -> None:
@@ -117,8 +117,8 @@ class FileJournal(AppendsOne):
                     self._db.execute("ROLLBACK")
             raise
 
-    def _write_meta(self, meta: JournalMeta) -> None:
-        with self._transaction():
+    def _write_meta(self, meta: JournalMeta, in_transaction: bool = False) -> None:
+        with contextlib.nullcontext() if in_transaction else self._transaction():
             self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.to_rows().items())
 
     def meta(self) -> JournalMeta:
@@ -161,19 +161,12 @@ class FileJournal(AppendsOne):
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         """Up to ``limit`` unacknowledged entries (of ``kinds``, if given) with a sequence number above ``after``,
         oldest first."""
-        if kinds is None:
-            rows = self._db.execute(
-                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND seq > ? ORDER BY seq "
-                "LIMIT ?",
-                (PENDING, after, limit),
-            )
-        else:
-            marks = ",".join("?" * len(kinds))
-            rows = self._db.execute(
-                "SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND seq > ? AND kind IN "
-                f"({marks}) ORDER BY seq LIMIT ?",
-                (PENDING, after, *kinds, limit),
-            )
+        of_kinds = "" if kinds is None else f"AND kind IN ({','.join('?' * len(kinds))})"
+        rows = self._db.execute(
+            f"SELECT seq, kind, step, timestamp_ms, payload FROM entries WHERE state = ? AND seq > ? {of_kinds} "
+            "ORDER BY seq LIMIT ?",
+            (PENDING, after, *(kinds or ()), limit),
+        )
         return [Entry(seq, kind, step, ts, json.loads(payload)) for seq, kind, step, ts, payload in rows]
 
     def count(self, state: int = PENDING) -> int:
@@ -181,14 +174,17 @@ class FileJournal(AppendsOne):
 
     def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None:
         """Mark entries delivered, or rejected (``reason``: the server's answer, kept for ``sync`` to report)."""
-        rows = [(state, s) for s in seqs]
-        if not rows:
-            return
-        with self._transaction():
-            self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", rows)
-            if state == REJECTED and reason:
-                self._db.executemany("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)",
-                                     [(seq, reason) for _, seq in rows])  # fmt: skip
+        rows = [(seq, state, reason) for seq in seqs]
+        if rows:
+            with self._transaction():
+                self._settle(rows)
+
+    def _settle(self, settled: Iterable[tuple[int, int, str | None]]) -> None:
+        """Set each entry's state (``settled``: seq, state, reason), and keep the reason of each rejection."""
+        rows = list(settled)
+        self._db.executemany("UPDATE entries SET state = ? WHERE seq = ?", [(state, seq) for seq, state, _ in rows])
+        self._db.executemany("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)",
+                             [(seq, why) for seq, state, why in rows if state == REJECTED and why])  # fmt: skip
 
     def write_back(self, settled: Iterable[tuple[int, int, str | None]], entries: Iterable[Entry],
                    meta: JournalMeta) -> None:  # fmt: skip
@@ -196,15 +192,12 @@ class FileJournal(AppendsOne):
         reason) acknowledgements of the file's entries, the ``entries`` still pending (those journaled in memory
         are added, with their sequence numbers), and the meta."""
         with self._transaction():
-            for seq, state, reason in settled:
-                self._db.execute("UPDATE entries SET state = ? WHERE seq = ?", (state, seq))
-                if state == REJECTED and reason:
-                    self._db.execute("INSERT OR REPLACE INTO rejections (seq, reason) VALUES (?, ?)", (seq, reason))
+            self._settle(settled)
             self._db.executemany(
                 "INSERT OR IGNORE INTO entries (seq, kind, step, timestamp_ms, payload) VALUES (?, ?, ?, ?, ?)",
                 [(e.seq, e.kind, e.step, e.timestamp_ms, json.dumps(e.payload, allow_nan=True)) for e in entries],
             )
-            self._db.executemany("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", meta.to_rows().items())
+            self._write_meta(meta, in_transaction=True)
 
     def rejected(self, limit: int = 100) -> list[tuple[Entry, str]]:
         """Up to ``limit`` entries the server refused for good, oldest first, with the reason it gave."""

@@ -18,12 +18,12 @@ from typing import Any
 from ..._log import logger
 from .file import FileJournal
 from .memory import MEMORY_MAX_POINTS, MemoryJournal
-from .records import DELIVERED, PENDING, STORAGE_ERRORS, AppendsOne, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, STORAGE_ERRORS, Entry, Journal, JournalMeta, NewEntry
 
 WRITE_BACK_TIMEOUT_S = 2.0  # at release, how long writing back what memory did may wait for the file
 
 
-class LiveJournal(AppendsOne):
+class LiveJournal(Journal):
     """Rank 0's journal while it trains, shared by the training thread and the sender thread.
 
     It starts on a :class:`FileJournal` (or in memory when none could be created) and serialises every call.

@@ -16,14 +16,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .file import FileJournal
-from .records import DELIVERED, PENDING, REJECTED, STORAGE_ERRORS, AppendsOne, Entry, JournalMeta, NewEntry
+from .records import DELIVERED, PENDING, REJECTED, STORAGE_ERRORS, Entry, Journal, JournalMeta, NewEntry
 
 # A journal kept in memory holds at most this many unsent metric values (about 100 bytes each); past it the
 # oldest unsent epochs are dropped, and counted.
 MEMORY_MAX_POINTS = 200_000
 
 
-class MemoryJournal(AppendsOne):
+class MemoryJournal(Journal):
     """A journal in this process's memory: thread-safe, bounded to :data:`MEMORY_MAX_POINTS` unsent values."""
 
     def __init__(self, meta: JournalMeta, max_points: int = MEMORY_MAX_POINTS) -> None:

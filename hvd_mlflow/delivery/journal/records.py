@@ -15,8 +15,8 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 SUFFIX = ".journal.sqlite"
 LOCK_SUFFIX = ".lock"
@@ -113,8 +113,11 @@ class JournalMeta:
         return cls(**values)
 
 
-class AppendsOne:
-    """``append`` as a one-entry ``append_many``, for every journal: each implements the transaction once."""
+class Journal:
+    """What the uploader needs of a journal, whichever kind (file, memory, or the training's live one): ``location``,
+    ``meta()``, ``update_meta(**changes)``, ``append_many(entries, durable)``, ``pending(limit, kinds, after)``,
+    ``count(state)``, ``acknowledge(seqs, state, reason)``, ``close()``; and ``append``, written once here as a
+    one-entry ``append_many`` (each kind implements the transaction once)."""
 
     def append(
         self,
@@ -127,25 +130,3 @@ class AppendsOne:
         """Commit one entry and return its sequence number; ``durable``: synced before it returns (else at the
         next durable commit: a process that dies keeps it, a machine that loses power may not)."""
         return self.append_many([(kind, payload, step, timestamp_ms)], durable=durable)  # type: ignore[attr-defined]
-
-
-class Journal(Protocol):
-    """What the uploader needs of a journal (file or memory)."""
-
-    @property
-    def location(self) -> str: ...
-    def meta(self) -> JournalMeta: ...
-    def update_meta(self, **changes: Any) -> JournalMeta: ...
-    def append(
-        self,
-        kind: str,
-        payload: Mapping[str, Any],
-        step: int | None = None,
-        timestamp_ms: int | None = None,
-        durable: bool = True,
-    ) -> int: ...
-    def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int: ...
-    def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]: ...
-    def count(self, state: int = PENDING) -> int: ...
-    def acknowledge(self, seqs: Iterable[int], state: int = DELIVERED, reason: str | None = None) -> None: ...
-    def close(self) -> None: ...
