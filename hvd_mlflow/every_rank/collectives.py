@@ -128,22 +128,22 @@ class TfDistribute:
 
     def allgather(self, values: np.ndarray, name: str) -> np.ndarray:
         """Every worker's 1-D ``values``, concatenated in rank order (lengths may differ)."""
-        lengths = self._rows(np.array([float(values.size)]), name).reshape(-1).astype(int)
-        padded = np.zeros(int(lengths.max()), dtype=np.float64)
-        padded[: values.size] = values
-        rows = self._rows(padded, name)
-        return np.concatenate([row[:n] for row, n in zip(rows, lengths, strict=True)]).astype(values.dtype)
+        return np.concatenate(self._ragged(values, name)).astype(values.dtype)
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:
-        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        lengths = self._rows(np.array([float(data.size)]), name).reshape(-1).astype(int)
-        padded = np.zeros(int(lengths.max()), dtype=np.float64)
-        padded[: data.size] = data
-        rows = self._rows(padded, name).astype(np.uint8)
-        return [pickle.loads(row[:n].tobytes()) for row, n in zip(rows, lengths, strict=True)]
+        rows = self._ragged(np.frombuffer(pickle.dumps(obj), dtype=np.uint8), name)
+        return [pickle.loads(row.astype(np.uint8).tobytes()) for row in rows]
 
     def broadcast_object(self, obj: Any, name: str) -> Any:
         return self.allgather_object(obj if self.rank == 0 else None, name)[0]
+
+    def _ragged(self, values: np.ndarray, name: str) -> list[np.ndarray]:
+        """Every worker's 1-D ``values`` (lengths may differ), as float64, in rank order: the lengths first, then
+        the values padded to the longest."""
+        lengths = self._rows(np.array([float(values.size)]), name).reshape(-1).astype(int)
+        padded = np.zeros(int(lengths.max()), dtype=np.float64)
+        padded[: values.size] = values
+        return [row[:n] for row, n in zip(self._rows(padded, name), lengths, strict=True)]
 
     def _rows(self, values: np.ndarray, name: str) -> np.ndarray:
         """One row per worker, in rank order: each worker's ``values`` (all of the same length) in its own row of a
@@ -265,7 +265,9 @@ def check_keras_distribution(size: int, allowed: bool = False) -> None:
 
 
 def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
-    """The engine of one ``fit`` (:func:`current`), after the checks every process makes alike from its launcher
+    """The engine of one ``fit``: Horovod's collectives when it is initialised with more than one process, else
+    ``model``'s multi-worker tf.distribute strategy's, else JAX's when ``model`` is on JAX and JAX runs several
+    processes, else :class:`Solo`; after the checks every process makes alike from its launcher
     and its model: an MPI launcher's world larger than Horovod's, ``TF_CONFIG`` naming several workers for a model
     that trains alone, Keras 3 under a multi-worker strategy, a launcher's world that no engine joins, JAX's processes
     without a keras.distribution. Each raises on every process at train begin."""
@@ -273,7 +275,15 @@ def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
     if hvd is not None:
         topology.check_horovod_world(hvd.size(), mpi_built=hvd.mpi_built(), allowed=allow_world_of_one)
     check_strategy(model)
-    found = current(model)
+    strategy, jax = multi_worker_strategy(model), topology.jax_if_initialised()
+    if hvd is not None and hvd.size() > 1:
+        found: Collectives = Horovod(hvd)
+    elif strategy is not None:
+        found = TfDistribute(*strategy)
+    elif jax is not None and keras_flavour.backend(model) == "jax":
+        found = Jax(jax)
+    else:
+        found = Solo()
     topology.check_tf_config_world(found.size, strategy_name(model), allowed=allow_world_of_one)
     if hvd is None:
         topology.check_launcher_world(found.size, keras_flavour.backend(model), allowed=allow_world_of_one)
@@ -284,19 +294,3 @@ def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
         if keras.distribution.distribution() is None:  # allowed to train alone: each process is a world of one
             return Solo()
     return found
-
-
-def current(model: Any = None) -> Collectives:
-    """Horovod's collectives when it is initialised with more than one process, else ``model``'s multi-worker
-    tf.distribute strategy's, else JAX's when ``model`` is on JAX and JAX runs several processes, else
-    :class:`Solo`."""
-    hvd = topology.horovod_if_initialised()
-    if hvd is not None and hvd.size() > 1:
-        return Horovod(hvd)
-    found = multi_worker_strategy(model) if model is not None else None
-    if found is not None:
-        return TfDistribute(*found)
-    jax = topology.jax_if_initialised()
-    if jax is not None and model is not None and keras_flavour.backend(model) == "jax":
-        return Jax(jax)
-    return Solo()
