@@ -135,11 +135,6 @@ def experiment(call: Mapping[str, Any]) -> Any:
     return found
 
 
-def created_experiment_id(call: Mapping[str, Any]) -> str:
-    """``create_experiment``'s id: the new experiment exists on rank 0 only, and its id is the server's."""
-    return unknown(UNKNOWN_EXPERIMENT_ID)
-
-
 def started_run(call: Mapping[str, Any]) -> Any:
     """``mlflow.start_run``'s ``Run``: the run asked for, else the job's (rank 0 attaches to it), else a new run."""
     from_environment, _ = destination.experiment_from_environment()
@@ -148,11 +143,6 @@ def started_run(call: Mapping[str, Any]) -> Any:
     if _state["job_run_id"]:
         in_experiment = from_environment or _state["experiment_id"] or unknown(UNKNOWN_EXPERIMENT_ID)
         return run(_state["job_run_id"], in_experiment, call)
-    return run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call)
-
-
-def created_run(call: Mapping[str, Any]) -> Any:
-    """``MlflowClient.create_run``'s ``Run``: always a new run, in the experiment given."""
     return run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call)
 
 
@@ -175,11 +165,6 @@ def run(run_id: str, in_experiment: str, call: Mapping[str, Any]) -> Any:
     return Run(info, RunData())
 
 
-def param_value(call: Mapping[str, Any]) -> Any:
-    """``log_param`` returns the value it logged."""
-    return call.get("value")
-
-
 def logged_model(call: Mapping[str, Any]) -> Any:
     """``create_logged_model``'s ``LoggedModel`` (READY: it is never uploaded from here); a new model's id is the
     server's."""
@@ -198,10 +183,6 @@ def logged_model(call: Mapping[str, Any]) -> Any:
         tags=dict(call.get("tags") or {}),
         params={k: str(v) for k, v in (call.get("params") or {}).items()},
     )
-
-
-def finalized_model(call: Mapping[str, Any]) -> Any:
-    return logged_model({"model_id": call.get("model_id")})
 
 
 def model_info(call: Mapping[str, Any], active: Any = None) -> Any:
@@ -260,11 +241,11 @@ def model_version(call: Mapping[str, Any]) -> Any:
 
 # MlflowClient write methods whose result MLflow promises to be something: what other ranks get instead.
 CLIENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "create_run": created_run,
-    "create_experiment": created_experiment_id,
-    "log_param": param_value,
+    "create_run": lambda call: run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call),  # new
+    "create_experiment": lambda call: unknown(UNKNOWN_EXPERIMENT_ID),  # the new experiment's id is the server's
+    "log_param": lambda call: call.get("value"),  # the value it logged
     "create_logged_model": logged_model,
-    "finalize_logged_model": finalized_model,
+    "finalize_logged_model": lambda call: logged_model({"model_id": call.get("model_id")}),
     "create_registered_model": registered_model,
     "rename_registered_model": lambda call: registered_model({"name": call.get("new_name")}),
     "update_registered_model": registered_model,
@@ -277,5 +258,5 @@ CLIENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 FLUENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "set_experiment": experiment,
-    "log_param": param_value,
+    "log_param": lambda call: call.get("value"),
 }
