@@ -336,3 +336,39 @@ def test_sync_of_a_journal_that_moved_to_memory_without_writing_back_sends_nothi
     assert sent == [("loss", 2)]
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [0, 1, 2]
     assert client.get_run(run_id).info.status == "KILLED"  # the process died: the run it created is ended so
+
+
+def test_sync_with_no_argument_reads_the_journal_dir_and_force_and_keep_work(tmp_path, mlflow_server, client):
+    """reliability.md's `hvd-mlflow sync` section: with no argument it reads $HVD_MLFLOW_JOURNAL_DIR; a journal whose
+    writer lives (this process holds its lock) is skipped, and uploaded with --force; --keep keeps a delivered
+    journal's file, which is deleted otherwise."""
+    from hvd_mlflow.delivery.journal import FileJournal, JournalMeta
+
+    run_id = client.create_run(client.create_experiment(f"flags-{uuid.uuid4().hex[:8]}")).info.run_id
+    folder = tmp_path / "elsewhere"
+    live = FileJournal.create(folder, JournalMeta.new(tracking_uri=mlflow_server.url, run_id=run_id))
+    live.append("metrics", {"loss": 0.5}, step=1, timestamp_ms=1001)
+    env = {**clean_environment(), "MLFLOW_TRACKING_URI": mlflow_server.url, "HVD_MLFLOW_JOURNAL_DIR": str(folder)}
+
+    def sync(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([CLI, "sync", *flags], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    skipped = sync()
+    assert skipped.returncode == 0, skipped.stderr
+    assert "skipped, a training still sends from it" in skipped.stdout, skipped.stdout
+    assert client.get_metric_history(run_id, "loss") == []
+    forced = sync("--force", "--keep")
+    assert forced.returncode == 0, forced.stderr
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]
+    live.close()
+    assert live.path.exists()  # --keep
+    kept = FileJournal.open(live.path)
+    assert kept.count() == 0  # delivered, and marked so
+    kept.close()
+    again = sync()
+    assert again.returncode == 0, again.stderr
+    assert not live.path.exists() and [p.name for p in folder.iterdir()] == []  # delivered: deleted, companions too
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]  # never twice
+    elsewhere = subprocess.run([CLI, "sync"], cwd=tmp_path, env={**env, "HVD_MLFLOW_JOURNAL_DIR": str(tmp_path / "x")},
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert f"no journal in {tmp_path / 'x'}" in elsewhere.stdout
