@@ -91,9 +91,8 @@ class Options:
     allow_world_of_one: bool = False
 
     @classmethod
-    def resolve(cls, environ: Mapping[str, str] | None = None, **given: Any) -> Options:
+    def resolve(cls, environ: Mapping[str, str] = os.environ, **given: Any) -> Options:
         """Build options from explicit arguments (``None`` means not given), then ``HVD_MLFLOW_*``."""
-        environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         for field in dataclasses.fields(cls):
             value = given.pop(field.name, None)
@@ -171,9 +170,8 @@ def _field_names(cls: type) -> set[str]:
     return {field.name for field in dataclasses.fields(cls)}
 
 
-def environment_value(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+def environment_value(name: str, environ: Mapping[str, str] = os.environ) -> str | None:
     """The raw ``HVD_MLFLOW_<NAME>`` variable of option ``name`` (``None`` when unset or empty)."""
-    environ = os.environ if environ is None else environ
     return environ.get(ENV_PREFIX + name.upper()) or None
 
 

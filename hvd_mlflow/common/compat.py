@@ -25,17 +25,8 @@ MLFLOW_FLOOR = "2.12.2"  # setup.cfg's lower bound: the oldest row tests it
 
 def parse(version: str | None) -> tuple[int, ...]:
     """``"3.17.2"`` -> ``(3, 17, 2)``; ``"1.62.0.post6"`` -> ``(1, 62, 0)``; ``"2.16.0rc1"`` -> ``(2, 16, 0)``."""
-    if not version:
-        return ()
-    parts = []
-    for piece in version.split("."):
-        digits = re.match(r"\d+", piece)
-        if not digits:
-            break
-        parts.append(int(digits.group()))
-        if digits.group() != piece:
-            break
-    return tuple(parts)
+    found = re.match(r"\d+(?:\.\d+)*", version or "")
+    return tuple(int(part) for part in found.group().split(".")) if found else ()
 
 
 def mlflow_version() -> str:

@@ -28,9 +28,8 @@ def mask_uri(uri: str) -> str:
     return _SECRET_QUERY.sub(r"\1" + MASK, uri)
 
 
-def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+def secret_values(environ: Mapping[str, str] = os.environ) -> list[str]:
     """Values of environment variables whose names say they are secrets (long enough to matter)."""
-    environ = os.environ if environ is None else environ
     return sorted(
         {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= 6},
         key=len,
@@ -38,7 +37,7 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     )
 
 
-def redact(text: str, environ: Mapping[str, str] | None = None) -> str:
+def redact(text: str, environ: Mapping[str, str] = os.environ) -> str:
     """``text`` with credentials in URIs and the values of secret environment variables masked."""
     text = _USERINFO.sub(lambda m: m.group("scheme") + MASK + "@", text)
     text = _SECRET_QUERY.sub(r"\1" + MASK, text)

@@ -14,6 +14,7 @@ the user's MLflow calls lets write are the same process.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import socket
@@ -55,10 +56,9 @@ def rank_in_cluster(cluster: Mapping[str, Sequence[object]], task_type: str, ind
     return chiefs + len(cluster.get("worker", [])) + index
 
 
-def tf_cluster(environ: Mapping[str, str] | None = None) -> TfCluster | None:
+def tf_cluster(environ: Mapping[str, str] = os.environ) -> TfCluster | None:
     """This process's place in the cluster ``TF_CONFIG`` describes, or ``None`` without (or with an unreadable)
     ``TF_CONFIG``."""
-    environ = os.environ if environ is None else environ
     if "TF_CONFIG" not in environ:
         return None
     try:
@@ -97,12 +97,11 @@ def jax_if_initialised():
         return None
 
 
-def current(environ: Mapping[str, str] | None = None) -> Topology:
+def current(environ: Mapping[str, str] = os.environ) -> Topology:
     """The topology of this process."""
     hvd = horovod_if_initialised()
     if hvd is not None:
         return Topology(hvd.rank(), hvd.size(), hvd.local_rank(), "horovod")
-    environ = os.environ if environ is None else environ
     jax = jax_if_initialised()
     if jax is not None:  # the launcher's local rank where one says it (Open MPI), else the process's only one
         launched = from_environment(environ)
@@ -142,9 +141,8 @@ _FIXED_WORLDS = (
 )
 
 
-def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] | None:
+def launcher_world(environ: Mapping[str, str] = os.environ) -> tuple[int, str] | None:
     """The number of processes an MPI launcher started, and which launcher, if one started this process."""
-    environ = os.environ if environ is None else environ
     for variable, launcher in _FIXED_WORLDS:
         if environ.get(variable, "").isdigit():
             return int(environ[variable]), launcher
@@ -152,7 +150,7 @@ def launcher_world(environ: Mapping[str, str] | None = None) -> tuple[int, str] 
 
 
 def check_horovod_world(
-    horovod_size: int, environ: Mapping[str, str] | None = None, *, mpi_built: bool = False, allowed: bool = False
+    horovod_size: int, environ: Mapping[str, str] = os.environ, *, mpi_built: bool = False, allowed: bool = False
 ) -> None:
     """Raise :class:`LauncherMismatchError` when an MPI launcher started several processes and Horovod sees a world
     of one in each: a Horovod built without MPI, or with an MPI other than the launcher's (an Open MPI build under
@@ -186,7 +184,7 @@ def check_horovod_world(
 
 
 def check_tf_config_world(
-    engine_size: int, strategy: str, environ: Mapping[str, str] | None = None, *, allowed: bool = False
+    engine_size: int, strategy: str, environ: Mapping[str, str] = os.environ, *, allowed: bool = False
 ) -> None:
     """Raise :class:`LauncherMismatchError` when ``TF_CONFIG`` names several training tasks (chief and workers) but
     the model trains in a world of one: it was built outside a multi-worker ``strategy.scope()``, so every worker
@@ -205,7 +203,7 @@ def check_tf_config_world(
 
 
 def check_launcher_world(
-    engine_size: int, backend: str, environ: Mapping[str, str] | None = None, *, allowed: bool = False
+    engine_size: int, backend: str, environ: Mapping[str, str] = os.environ, *, allowed: bool = False
 ) -> None:
     """Raise :class:`LauncherMismatchError` when a launcher started several processes (Open MPI's ``mpirun``, a PMI
     launcher, ``KERAS_DISTRIBUTION_NUM_PROCESSES``) but no engine joins them (no Horovod initialised, no multi-worker
@@ -245,13 +243,5 @@ def describe_hosts(hosts: Sequence[str]) -> str:
 
 def _ranges(numbers: list[int]) -> str:
     """``[0, 1, 2, 5]`` as ``0-2,5``."""
-    parts: list[str] = []
-    start = previous = numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == previous + 1:
-            previous = n
-            continue
-        parts.append(str(start) if start == previous else f"{start}-{previous}")
-        if n is not None:
-            start = previous = n
-    return ",".join(parts)
+    runs = [[n for _, n in run] for _, run in itertools.groupby(enumerate(numbers), lambda pair: pair[1] - pair[0])]
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

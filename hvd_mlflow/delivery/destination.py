@@ -33,21 +33,18 @@ class Destination:
         return mask_uri(self.tracking_uri) if self.tracking_uri else "MLflow's default tracking URI"
 
 
-def run_id_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+def run_id_from_environment(environ: Mapping[str, str] = os.environ) -> str | None:
     """The run the job asks for. Read it early: MLflow's ``start_run()`` deletes ``MLFLOW_RUN_ID``."""
-    environ = os.environ if environ is None else environ
     return environ.get(RUN_ID_VARIABLE) or None
 
 
-def tracking_uri_from_environment(environ: Mapping[str, str] | None = None) -> str | None:
+def tracking_uri_from_environment(environ: Mapping[str, str] = os.environ) -> str | None:
     """The tracking URI the environment sets (``MLFLOW_TRACKING_URI``), without MLflow's default."""
-    environ = os.environ if environ is None else environ
     return environ.get(TRACKING_URI_VARIABLE) or None
 
 
-def experiment_from_environment(environ: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+def experiment_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str | None, str | None]:
     """The experiment the environment names: (``MLFLOW_EXPERIMENT_ID``, ``MLFLOW_EXPERIMENT_NAME``)."""
-    environ = os.environ if environ is None else environ
     return environ.get(EXPERIMENT_ID_VARIABLE) or None, environ.get(EXPERIMENT_NAME_VARIABLE) or None
 
 
@@ -56,12 +53,11 @@ def is_azureml(tracking_uri: str | None) -> bool:
     return bool(tracking_uri) and urlsplit(tracking_uri).scheme == "azureml"
 
 
-def is_azureml_job(tracking_uri: str | None, environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
+def is_azureml_job(tracking_uri: str | None, environ: Mapping[str, str] = os.environ) -> bool:
     return is_azureml(tracking_uri) and bool(environ.get(AZUREML_RUN_VARIABLE))
 
 
-def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = None) -> Destination:
+def resolve(captured_run_id: str | None, environ: Mapping[str, str] = os.environ) -> Destination:
     """The destination as the user configured it, without contacting any server.
 
     When the user's code has not imported MLflow, there is no active run, ``set_tracking_uri`` nor ``set_experiment``
@@ -69,7 +65,6 @@ def resolve(captured_run_id: str | None, environ: Mapping[str, str] | None = Non
     URI (the quickstart), the URI is MLflow's default (``tracking_uri`` None), which the sender resolves. Either way
     MLflow (a second or more to import) is imported by rank 0's sender, off the training thread: never at train
     begin, where every rank would wait for it."""
-    environ = os.environ if environ is None else environ
     active_run_id = active_experiment_id = None
     tracking_uri = tracking_uri_from_environment(environ)
     if "mlflow" in sys.modules:

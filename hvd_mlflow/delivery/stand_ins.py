@@ -81,9 +81,8 @@ def refusal(call: str, value: str) -> Exception:
     )
 
 
-def job_run_id(captured: str | None, job_mode: bool, environ: Mapping[str, str] | None = None) -> str | None:
+def job_run_id(captured: str | None, job_mode: bool, environ: Mapping[str, str] = os.environ) -> str | None:
     """The job's run: ``MLFLOW_RUN_ID`` as ``autolog()`` found it, else ``AZUREML_RUN_ID`` in an AzureML job."""
-    environ = os.environ if environ is None else environ
     return captured or (environ.get(destination.AZUREML_RUN_VARIABLE) or None if job_mode else None)
 
 

@@ -65,9 +65,8 @@ def read_scalar(variable: Any) -> float:
     return float(_module("keras").ops.convert_to_numpy(value))
 
 
-def legacy_setting(environ: Mapping[str, str] | None = None) -> str:
+def legacy_setting(environ: Mapping[str, str] = os.environ) -> str:
     """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
-    environ = os.environ if environ is None else environ
     return environ.get("TF_USE_LEGACY_KERAS", "")
 
 
