@@ -188,7 +188,6 @@ def _patched_fit(original: Callable[..., Any], model_class: type) -> Callable[..
         finally:
             callback._end_fit("FINISHED")  # after Keras' fit: every callback's on_train_end has run (TensorBoard's)
 
-    fit._hvd_mlflow_patched = True  # type: ignore[attr-defined]
     return fit
 
 

@@ -382,18 +382,11 @@ def _guard_flavour_autolog(module: Any) -> None:
         return original(disable=True)
 
     _patch(module, "autolog", autolog)
-    config = _autolog_config(getattr(original, "integration_name", None))
-    if config is not None and not config.get("disable", False):
-        autolog()  # it was enabled before hvd_mlflow.autolog(): turn it off (with the warning)
-
-
-def _autolog_config(integration: str | None) -> dict | None:
-    if not integration:
-        return None
     from mlflow.utils.autologging_utils import AUTOLOGGING_INTEGRATIONS
 
-    config = AUTOLOGGING_INTEGRATIONS.get(integration)
-    return dict(config) if config else None
+    config = AUTOLOGGING_INTEGRATIONS.get(getattr(original, "integration_name", None) or "")
+    if config and not config.get("disable", False):
+        autolog()  # it was enabled before hvd_mlflow.autolog(): turn it off (with the warning)
 
 
 def uninstall() -> None:

@@ -9,6 +9,7 @@ Used on rank 0's sender thread and by the command line (``hvd-mlflow sync``), ne
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import sqlite3
 import tempfile
@@ -46,22 +47,21 @@ class OverBudgetCsv:
 
     def send(self, run_id: str) -> None:
         """Every value held so far, once, in one CSV; its entries acknowledged (rejected, when refused for good)."""
-        with tempfile.TemporaryDirectory(prefix="hvd-mlflow-") as scratch:
-            rows = sqlite3.connect(Path(scratch) / "held.sqlite", isolation_level=None)
-            try:
-                self._spill(rows)
-                csv_path = Path(scratch) / PurePosixPath(self.path).name
-                with csv_path.open("w", newline="") as out:
-                    writer = csv.writer(out)
-                    writer.writerow(["name", "step", "timestamp_ms", "value"])
-                    writer.writerows(rows.execute("SELECT name, step, timestamp_ms, value FROM held ORDER BY name, "
-                                                  "COALESCE(step, 0), COALESCE(timestamp_ms, 0), rowid"))  # fmt: skip
-                state, reason = self._upload(run_id, csv_path)
-                seqs = rows.execute("SELECT seq FROM seqs ORDER BY seq")
-                while page := [seq for (seq,) in seqs.fetchmany(HELD_PAGE)]:
-                    self.journal.acknowledge(page, state=state, reason=reason)
-            finally:
-                rows.close()
+        with (
+            tempfile.TemporaryDirectory(prefix="hvd-mlflow-") as scratch,
+            contextlib.closing(sqlite3.connect(Path(scratch) / "held.sqlite", isolation_level=None)) as rows,
+        ):
+            self._spill(rows)
+            csv_path = Path(scratch) / PurePosixPath(self.path).name
+            with csv_path.open("w", newline="") as out:
+                writer = csv.writer(out)
+                writer.writerow(["name", "step", "timestamp_ms", "value"])
+                writer.writerows(rows.execute("SELECT name, step, timestamp_ms, value FROM held ORDER BY name, "
+                                              "COALESCE(step, 0), COALESCE(timestamp_ms, 0), rowid"))  # fmt: skip
+            state, reason = self._upload(run_id, csv_path)
+            seqs = rows.execute("SELECT seq FROM seqs ORDER BY seq")
+            while page := [seq for (seq,) in seqs.fetchmany(HELD_PAGE)]:
+                self.journal.acknowledge(page, state=state, reason=reason)
 
     def _spill(self, rows: sqlite3.Connection) -> None:
         rows.execute("CREATE TABLE held (name TEXT, step INTEGER, timestamp_ms INTEGER, value TEXT, "

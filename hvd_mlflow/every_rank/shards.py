@@ -85,9 +85,6 @@ class Batches:
     steps: int | None = None
     validation_steps: int | None = None
 
-    def fields(self) -> dict[str, int | None]:
-        return dataclasses.asdict(self)
-
 
 def batches(arguments: Mapping[str, Any], batch_size: int | None) -> Batches:
     """This rank's :class:`Batches` before Keras counts its steps (:meth:`dataclasses.replace` adds them)."""
@@ -109,7 +106,7 @@ def unequal(by_rank: Sequence[Batches]) -> bool:
 def unequal_message(by_rank: Sequence[Batches]) -> str:
     """The error every process raises alike: each one's batches, and the fix."""
     lines = [
-        f"  process {rank}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in b.fields().items() if v is not None)
+        f"  process {rank}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in vars(b).items() if v is not None)
         for rank, b in enumerate(by_rank)
     ]
     return (

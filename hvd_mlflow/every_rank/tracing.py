@@ -43,7 +43,6 @@ class Traced:
         self._trace = trace
         self._thread: threading.Thread | None = None
         self.concrete: Any = None
-        self.failed = False
 
     def start(self) -> None:
         """Begin tracing (once; later calls do nothing).
@@ -59,7 +58,7 @@ class Traced:
         try:
             self.concrete = self._trace()
         except Exception:  # noqa: BLE001 - a function TensorFlow cannot trace stays eager (on every rank: agreed)
-            self.failed = True
+            return
 
     @property
     def ready(self) -> bool:

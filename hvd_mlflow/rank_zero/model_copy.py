@@ -12,10 +12,10 @@ live model. Two forms:
 
 from __future__ import annotations
 
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from ..common.dependencies import installed_version
 from ..every_rank import keras_flavour
 
 # what a saved model needs installed to load, by the backend it was trained on
@@ -52,10 +52,4 @@ def save(model: Any, folder: Path, flavour: str, mlflow_model: bool, run_id: str
 
 def requirements(backend: str = "tensorflow") -> list[str]:
     """Pinned requirements of the MLflow model, without MLflow's slow inference (it loads the model again)."""
-    out = []
-    for name in REQUIREMENTS.get(backend, ("keras",)):
-        try:
-            out.append(f"{name}=={metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+    return [f"{name}=={v}" for name in REQUIREMENTS.get(backend, ("keras",)) if (v := installed_version(name))]

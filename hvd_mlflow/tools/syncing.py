@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -96,13 +97,10 @@ def sync_one(
     meta = journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
     if not force and journal_module.written_now(path, meta):  # a live writer's journal is not even opened
         return Synced(path, skipped=_LIVE)
-    journal = FileJournal.open(path)
-    try:
+    with contextlib.closing(FileJournal.open(path)) as journal:
         if not journal.take_over() and not force:  # it came alive meanwhile
             return Synced(path, skipped=_LIVE)
         return _deliver(journal, tracking_uri, keep=keep, on_progress=on_progress)
-    finally:
-        journal.close()
 
 
 def _deliver(

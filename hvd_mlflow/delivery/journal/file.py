@@ -99,9 +99,6 @@ class FileJournal(Journal):
             return False
         return self._writer_lock.take()
 
-    def release_writer_lock(self) -> None:
-        self._writer_lock.release()
-
     # -- meta ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -215,7 +212,7 @@ class FileJournal(Journal):
 
     def close(self) -> None:
         self._db.close()
-        self.release_writer_lock()
+        self._writer_lock.release()
 
     def delete(self) -> None:
         """Remove a fully delivered journal file (and its WAL companions and lock)."""

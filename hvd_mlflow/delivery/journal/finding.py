@@ -8,6 +8,7 @@ here opens one for writing), and on rank 0's training thread for the default fol
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -57,11 +58,8 @@ def pending_count(path: Path) -> int:
     """How many entries of the journal at ``path`` wait to be sent, read without writing to the file (``doctor``);
     :class:`NotAJournal` when it is not an hvd-mlflow journal."""
     inspect(path)
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)
-    try:
+    with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10)) as db:
         return int(db.execute("SELECT COUNT(*) FROM entries WHERE state = ?", (PENDING,)).fetchone()[0])
-    finally:
-        db.close()
 
 
 def inspect(path: Path) -> JournalMeta:

@@ -9,6 +9,7 @@ memory journal did is written back into the file, so ``hvd-mlflow sync`` later n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Iterable, Sequence
@@ -182,12 +183,9 @@ class LiveJournal(Journal):
         assert self.file is not None
         settled = [(seq, state, reason) for seq, (state, reason) in self._settled.items()]
         try:
-            again = FileJournal.open(self.file.path, timeout=WRITE_BACK_TIMEOUT_S)
-            try:
+            with contextlib.closing(FileJournal.open(self.file.path, timeout=WRITE_BACK_TIMEOUT_S)) as again:
                 again.write_back(settled, memory.pending(limit=10**9),
                                  dataclasses.replace(memory.meta(), moved_to_memory=True))  # fmt: skip
-            finally:
-                again.close()
         except STORAGE_ERRORS as error:
             logger.warning(
                 "hvd-mlflow: could not write back into the journal %s what was journaled in memory (%s: %s); "
@@ -204,10 +202,7 @@ def _mark_moved(path: Path) -> None:
     lock (the failed one may be unusable): a ``sync`` after a crash then knows that memory may have delivered some
     of its pending entries. Nothing when the file cannot be written at all: the write-back at release tries again."""
     try:
-        marker = FileJournal.open(path, timeout=0)
-        try:
+        with contextlib.closing(FileJournal.open(path, timeout=0)) as marker:
             marker.update_meta(moved_to_memory=True)
-        finally:
-            marker.close()
     except STORAGE_ERRORS as error:
         logger.debug("hvd-mlflow: could not mark %s as moved to memory: %s", path, error)
