@@ -22,7 +22,9 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from .._log import logger
 from ..common import compat
+from ..common.redact import mask_uri
 from ..delivery import destination
 from ..delivery import journal as journal_module
 from ..delivery.journal import Entry, FileJournal, JournalMeta
@@ -124,6 +126,8 @@ def _deliver(
     _settle_outcome(journal, meta, client, result)
     uploader = Uploader(journal, client, for_tracking_uri(uri))
     total, rejected_before = journal.count(), journal.count(journal_module.REJECTED)
+    logger.info("hvd-mlflow: %s: %d entries to send to %s, run %s", path, total, mask_uri(uri),
+                meta.run_id or "not created yet")  # fmt: skip
     done = 0
 
     def progress(settled: int) -> None:

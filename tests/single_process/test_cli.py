@@ -372,3 +372,38 @@ def test_sync_with_no_argument_reads_the_journal_dir_and_force_and_keep_work(tmp
     elsewhere = subprocess.run([CLI, "sync"], cwd=tmp_path, env={**env, "HVD_MLFLOW_JOURNAL_DIR": str(tmp_path / "x")},
                                capture_output=True, text=True, timeout=120)  # fmt: skip
     assert f"no journal in {tmp_path / 'x'}" in elsewhere.stdout
+
+
+def test_doctor_under_tf_config_names_the_world_this_task_and_the_chief(tmp_path, mlflow_server):
+    """reference.md's `doctor` and azureml.md's tf.distribute section: under TF_CONFIG each task reports the
+    tf.distribute world, itself and the chief (AzureML's TF_CONFIG has no chief task: worker 0 is the chief)."""
+    import json
+
+    workers = ["127.0.0.1:20001", "127.0.0.1:20002", "127.0.0.1:20003"]
+    config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": 2}})
+    done = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, TF_CONFIG=config)
+    engine = [line for line in done.stdout.splitlines() if line.split()[1:2] == ["engine"]]
+    assert len(engine) == 1, done.stdout
+    assert "a world of 3 workers; this task is worker 2 (rank 2)" in engine[0], engine
+    assert "the chief, which logs, is worker 0 at 127.0.0.1:20001" in engine[0], engine
+    chief = json.dumps({"cluster": {"chief": ["127.0.0.1:20000"], "worker": workers}, "task": {"type": "chief"}})
+    done = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url, TF_CONFIG=chief)
+    assert "a world of 4 workers; this task is chief 0 (rank 0)" in done.stdout, done.stdout
+    assert "the chief, which logs, is chief at 127.0.0.1:20000" in done.stdout, done.stdout
+
+
+def test_verbose_says_what_sync_does(tmp_path, mlflow_server, client):
+    """troubleshooting.md: ``hvd-mlflow -v ...`` says more: sync names each journal's entries, server (its
+    credentials masked) and run under -v, and says nothing of it without."""
+    out = {}
+    for verbose in (False, True):
+        run_id = client.create_run(client.create_experiment(f"verbose-{uuid.uuid4().hex[:8]}")).info.run_id
+        journal = _pending_journal(tmp_path / f"v{verbose}", mlflow_server.url, run_id)
+        env = {**clean_environment(), "MLFLOW_TRACKING_URI": mlflow_server.url}
+        done = subprocess.run([CLI, *(["-v"] if verbose else []), "sync", str(journal.path)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")] == [(1, 0.5)]
+        out[verbose] = (done.stderr, f"{journal.path}: 1 entries to send to {mlflow_server.url}, run {run_id}")
+    assert out[True][1] in out[True][0], out[True]
+    assert "entries to send" not in out[False][0], out[False]

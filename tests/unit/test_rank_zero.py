@@ -46,3 +46,32 @@ def test_params_and_tags_whose_names_collide_go_to_their_artifact_redacted(tmp_p
     text = repr(artifacts)
     assert artifacts and "hunter2" not in text and "tok-1234567890" not in text and "pw@" not in text, text
     assert "plain" in text  # what is not a secret stays
+
+
+@pytest.mark.parametrize(
+    ("uri", "job_run", "given", "logs"),
+    [
+        ("http://127.0.0.1:5000", None, None, True),  # outside AzureML: on by default
+        ("azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/s", "job-run", None, False),  # a job: off
+        ("azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/s", None, None, True),  # AzureML, not a job
+        ("azureml://eastus.api.azureml.ms/mlflow/v1.0/subscriptions/s", "job-run", True, True),  # asked for
+        ("http://127.0.0.1:5000", None, False, False),
+    ],
+)
+def test_log_models_is_on_by_default_except_in_an_azureml_job(monkeypatch, uri, job_run, given, logs):
+    """reference.md's `log_models` row, README and azureml.md: default on, off in an AzureML job (``azureml://``
+    tracking and the job's ``AZUREML_RUN_ID``), as given when given."""
+    import mlflow
+
+    from hvd_mlflow.config import Options
+    from hvd_mlflow.every_rank.collectives import Solo
+    from hvd_mlflow.rank_zero.steps import RankZeroSteps
+
+    monkeypatch.setattr(mlflow, "get_tracking_uri", lambda: uri)
+    if job_run:
+        monkeypatch.setenv("AZUREML_RUN_ID", job_run)
+    else:
+        monkeypatch.delenv("AZUREML_RUN_ID", raising=False)
+    steps = RankZeroSteps.__new__(RankZeroSteps)  # the decision alone: no fit, no run
+    steps._comm, steps.options = Solo(), Options.resolve(environ={}, log_models=given)
+    assert steps._logs_models() is logs
