@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ._log import set_silent
 from .callback import HorovodMlflowCallback
 from .common import dependencies, topology
 from .config import AutologOptions
@@ -104,10 +105,12 @@ def autolog(
         _originals.clear()
         mlflow_calls.uninstall()
         _options = None
+        set_silent(False)
         return
     given = dict(locals())
     given.pop("disable")
     _options = AutologOptions.resolve(**given)  # once: bad values fail here, not in fit
+    set_silent(_options.silent)  # from now on: the guard's warnings before the first fit too
     _run_id = destination.run_id_from_environment()
     # when MLflow is imported (autolog() imports none): MLflow's Keras autologging off on every rank, either way
     mlflow_calls.install_when_imported(topology.current().rank, _run_id, guard_writes=_options.guard_other_ranks)

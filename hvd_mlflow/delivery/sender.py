@@ -424,16 +424,17 @@ class _NoticingAnswers:
 
 def _where_left(journal: LiveJournal, job_mode: bool) -> str:
     """Where the entries the end of fit could not deliver are kept, and how to deliver them."""
+    dropped = journal.dropped_points
+    lost = (f", as are {dropped} older values journaled in memory that it could not hold" if dropped else "") + (
+        ". Set HVD_MLFLOW_JOURNAL_DIR to a writable local folder with room."
+    )
     if journal.in_memory and journal.file is not None:
         return (
             f"The journal moved to memory when {journal.file.path} failed; they are written back there if it can be "
-            f"written again (then:  hvd-mlflow sync {journal.file.path}), else they are lost."
+            f"written again (then:  hvd-mlflow sync {journal.file.path}), else they are lost{lost}"
         )
     if journal.in_memory:
-        dropped = journal.dropped_points
-        return "The journal was in memory only (no writable journal directory): they are lost" + (
-            f", as are {dropped} older values it could not hold." if dropped else "."
-        )
+        return f"The journal was in memory only (no writable journal directory): they are lost{lost}"
     if job_mode and Path(journal.location).parent == JOB_DIRECTORY:
         return (
             f"They are kept in {journal.location}, which AzureML uploads into the job's run with ./outputs when the "

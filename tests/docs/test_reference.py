@@ -93,13 +93,14 @@ def _said(text: str) -> str:
 
 def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
     """Each number the docs give of the sender, the memory journal, the request limits, the batch collectives, the
-    divergence check and the system metrics is the constant the code uses, in the phrase that says what it is
-    (reliability.md said 5 s before the server counts as down while ``UNANSWERED_S`` was 6)."""
+    divergence check, the system metrics and the history elastic keeps for a replay is the constant the code uses, in
+    the phrase that says what it is (reliability.md said 5 s before the server counts as down while ``UNANSWERED_S``
+    was 6)."""
     import inspect
 
     from hvd_mlflow.delivery import limits, sender
     from hvd_mlflow.delivery.journal import MEMORY_MAX_POINTS
-    from hvd_mlflow.every_rank import divergence, system_metrics
+    from hvd_mlflow.every_rank import divergence, elastic, system_metrics
     from hvd_mlflow.every_rank.batch_steps import STEPS_PER_BATCH_COLLECTIVE
 
     backoff = sender.Backoff()
@@ -131,6 +132,7 @@ def test_the_timings_and_limits_the_docs_give_are_the_codes_constants():
             f"`ceil({STEPS_PER_BATCH_COLLECTIVE} / N)` logged batches)",
             f"When the relative spread passes {divergence.TOLERANCE:.0e}, every rank warns once".replace("e-0", "e-"),
             f"every {system_metrics.INTERVAL_S:g} s in a thread",
+            f"(the last {elastic.HISTORY_EPOCHS:,} epochs and {elastic.HISTORY_BATCHES:,} batches)",
         ],
     }
     missing = [

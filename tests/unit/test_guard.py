@@ -211,3 +211,33 @@ def test_register_model_writes_nothing_on_rank_1(rank_1, tmp_path):
     version = mlflow.register_model(str(tmp_path / "saved-model"), "reg")
     assert (version.name, version.version) == ("reg", UNKNOWN["model-version"])
     assert store.search_registered_models() == [] and store.search_model_versions("name = 'reg'") == []
+
+
+@pytest.mark.parametrize(
+    ("turned_off_by", "lands"),
+    [("argument", True), ("environment", True), ("default", False)],
+)
+def test_guard_other_ranks_off_lets_rank_1_write_and_mlflow_keras_autologging_stays_off(
+    rank_1, monkeypatch, turned_off_by, lands
+):
+    """reference.md's `guard_other_ranks` row and azureml.md's list: `autolog(guard_other_ranks=False)` or
+    HVD_MLFLOW_GUARD_OTHER_RANKS=0 lets rank 1's own `mlflow.log_metric` reach the store (the default guard keeps it
+    out), and MLflow's TensorFlow/Keras autologging is turned off on that rank either way."""
+    import mlflow.tensorflow
+    from mlflow.utils.autologging_utils import autologging_is_disabled
+
+    import hvd_mlflow
+
+    store, default_run = rank_1
+    if turned_off_by == "environment":
+        monkeypatch.setenv("HVD_MLFLOW_GUARD_OTHER_RANKS", "0")
+    hvd_mlflow.autolog(**({"guard_other_ranks": False} if turned_off_by == "argument" else {}))
+    try:
+        with mlflow.start_run(run_id=default_run):
+            mlflow.log_metric("from_rank_1", 2.5, step=3)
+        mlflow.tensorflow.autolog()  # what a user's script asks for on every rank
+        assert autologging_is_disabled(mlflow.tensorflow.FLAVOR_NAME)  # MLflow's own record of the integration
+    finally:
+        hvd_mlflow.autolog(disable=True)
+    history = [(m.value, m.step) for m in store.get_metric_history(default_run, "from_rank_1")]
+    assert history == ([(2.5, 3)] if lands else [])

@@ -338,3 +338,63 @@ def test_a_released_journal_still_says_how_many_entries_it_left(tmp_path):
     assert live.count() == 1
     reopened = FileJournal.open(next(tmp_path.glob("*.journal.sqlite")))
     assert reopened.count() == 1
+
+
+# docs/reliability.md: "The memory journal holds at most 200,000 unsent values"
+DOCUMENTED_MEMORY_BOUND = 200_000
+
+
+def _overfill_and_close_undelivered(live: LiveJournal, epochs: int) -> None:
+    """``epochs`` epochs of 100 values each into ``live``, then a real sender to a real MLflow store that refuses
+    the run (its experiment does not exist), closed: the end of fit's warning says what was not delivered."""
+    import time
+
+    from hvd_mlflow.delivery.limits import MLFLOW
+    from hvd_mlflow.delivery.sender import Sender
+
+    for step in range(epochs):
+        live.append("metrics", {f"m{k}": float(step) for k in range(100)}, step=step, timestamp_ms=step)
+    sender = Sender(live, live.meta().tracking_uri, MLFLOW)
+    sender.start()
+    sender.begin()
+    assert sender.close("FINISHED", deadline=time.monotonic() + 1.0) is False
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "in memory from the start",
+        "moved from its file",
+    ],
+)
+def test_a_memory_journal_counts_the_values_it_dropped_in_its_warnings_which_name_the_journal_dir(
+    tmp_path, caplog, how
+):
+    """reliability.md: past 200,000 unsent values the memory journal drops the oldest unsent epochs and counts them
+    in the warning, which names HVD_MLFLOW_JOURNAL_DIR (what it holds is lost when the process ends); a journal is in
+    memory when no file can be created, or after its file failed (disk full, ...)."""
+    import re
+
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    epochs = DOCUMENTED_MEMORY_BOUND // 100 + 3
+    with caplog.at_level("WARNING", logger="hvd_mlflow"):
+        meta = JournalMeta.new(tracking_uri=uri, experiment_id="404404", resume="log")  # a run MLflow refuses
+        if how == "in memory from the start":
+            blocked = tmp_path / "file-not-dir"  # no journal file can be created there
+            blocked.write_text("")
+            live = LiveJournal.open_new(blocked / "journal", meta)
+        else:
+            live = LiveJournal(FileJournal.create(tmp_path, meta))
+            live.append("params", {"p": "1"})
+            live.file._db.execute("PRAGMA query_only = ON")  # every write now fails as on a full disk
+        _overfill_and_close_undelivered(live, epochs)
+        assert live.in_memory
+    dropped = epochs * 100 - DOCUMENTED_MEMORY_BOUND  # the three oldest epochs
+    assert live.dropped_points == dropped
+    said = [r.getMessage() for r in caplog.records if r.name == "hvd_mlflow" and r.levelname == "WARNING"]
+    counted = [int(m.group(1)) for text in said for m in [re.search(r"as are (\d+) older values", text)] if m]
+    assert counted == [dropped], said
+    assert [text for text in said if "HVD_MLFLOW_JOURNAL_DIR" in text], said
+    assert MlflowClient(uri).search_runs(["0"]) == []  # nothing reached the store: it was all in memory

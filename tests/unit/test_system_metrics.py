@@ -49,3 +49,24 @@ def test_with_psutil_nothing_is_said(monkeypatch, caplog):
         sampler.stop()
     assert not [r for r in caplog.records if "psutil" in r.getMessage()]
     assert sampler.epoch_means()["rss_mb"] > 10
+
+
+@pytest.mark.parametrize("gpus", [True, False])
+def test_without_pynvml_a_machine_with_gpus_says_so_once(monkeypatch, caplog, gpus):
+    """reference.md's `system_metrics` row: without pynvml on a machine with GPUs, one warning says what is missing;
+    without GPUs nothing is missing and nothing is said. A GPU is present as the code sees it: /dev/nvidia0."""
+    import os.path
+
+    real_exists = os.path.exists
+    monkeypatch.setattr(os.path, "exists", lambda path: (gpus and path == "/dev/nvidia0") or real_exists(path))
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the local rank's GPU, number 0
+    monkeypatch.setattr(_log, "_said", set())
+    samplers = [system_metrics.SystemSampler(), system_metrics.SystemSampler()]  # two fits in one process
+    with caplog.at_level(logging.WARNING, logger="hvd_mlflow"):
+        for sampler in samplers:
+            sampler.start()
+            sampler.stop()
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "pynvml" in r.getMessage()]
+    assert said == (["hvd-mlflow: system_metrics is on and this machine has GPUs, but pynvml cannot be imported: no "
+                     "GPU metrics (pip install nvidia-ml-py)"] if gpus else [])  # fmt: skip

@@ -102,7 +102,8 @@ class LiveJournal(Journal):
         _mark_moved(file.path)
         logger.warning(
             "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
-            "(at most %d unsent values; what is not delivered when this process ends is lost). Training goes on.",
+            "(at most %d unsent values; what is not delivered when this process ends is lost). Training goes on. "
+            "Set HVD_MLFLOW_JOURNAL_DIR to a local folder with room for the next fits.",
             file.path,
             type(error).__name__,
             error,

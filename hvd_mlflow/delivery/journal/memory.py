@@ -34,7 +34,8 @@ class MemoryJournal(Journal):
         self._counts = {DELIVERED: 0, REJECTED: 0}
         self._points = 0
         self._next = 1
-        self.dropped_points = 0
+        self._in_file: set[int] = set()  # entries taken over from a file, which still holds them pending
+        self.dropped_points = 0  # values dropped past the bound that no file keeps: lost
 
     location = "memory"
 
@@ -48,6 +49,7 @@ class MemoryJournal(Journal):
             entries = journal.pending(limit=10**9)
         except STORAGE_ERRORS:
             return memory  # they stay in the file, for ``hvd-mlflow sync``
+        memory._in_file = {entry.seq for entry in entries}
         for entry in entries:
             memory._add(entry)
         memory.took_all = True
@@ -82,7 +84,7 @@ class MemoryJournal(Journal):
                     break
                 _, n = self._entries.pop(oldest)
                 self._points -= n
-                self.dropped_points += n
+                self.dropped_points += 0 if oldest in self._in_file else n
         return entry.seq
 
     def continue_after(self, seq: int) -> None:
