@@ -5,7 +5,8 @@ of ``fit`` ends it (FAILED); a ``HorovodMlflowCallback`` used without autolog ha
 stay RUNNING, with the journal's last entries unsent (or no run at all, when the process exits in the first epoch).
 So while a fit is open on rank 0 an ``atexit`` hook is registered (at train begin, again at every fit: a hook runs
 before those registered earlier, Horovod's shutdown among them); the end of the fit cancels it. The hook holds the
-callback weakly: it never keeps a callback alive.
+callback weakly: it never keeps a callback, or its model, alive. A script that caught the error and kept no
+reference lets the callback be collected: the hook then ends the run with the fit's run logger, which it holds.
 
 It runs at a normal interpreter exit, an uncaught exception included; not when the process is killed (a signal's
 default action, ``os._exit``): then the journal keeps everything for ``hvd-mlflow sync``.
@@ -21,9 +22,10 @@ from collections.abc import Callable
 from .._log import logger
 
 
-def while_open(end: Callable[[], None]) -> Callable[[], None]:
+def while_open(end: Callable[[], None], orphaned: Callable[[], None]) -> Callable[[], None]:
     """Call the bound method ``end`` at process exit unless the function returned is called first (which cancels
-    it). ``end``'s object is only weakly referenced; what it raises is one warning.
+    it). ``end``'s object is only weakly referenced: if it is gone by then, ``orphaned`` is called instead. What
+    they raise is one warning.
 
     ``concurrent.futures.thread`` is imported with this module, while a fit runs: MLflow imports it, and once the
     interpreter is shutting down it cannot be imported (it registers a ``threading`` exit hook), so the sender's
@@ -32,10 +34,8 @@ def while_open(end: Callable[[], None]) -> Callable[[], None]:
 
     def at_exit() -> None:
         bound = method()
-        if bound is None:
-            return
         try:
-            bound()
+            (bound or orphaned)()
         except Exception as error:  # noqa: BLE001 - the process is exiting: say it, never a traceback
             logger.warning("hvd-mlflow: could not end the open fit at exit: %s: %s", type(error).__name__, error)
 

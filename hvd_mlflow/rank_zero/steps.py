@@ -8,6 +8,7 @@ others are called inside one. None of it may decide a collective, and what it ra
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,8 @@ class RankZeroSteps:
             self._start_logging()
         if self._logging and self._elastic is None:  # under elastic another rank 0 may continue the run
             self._drop_exit_hook()
-            self._cancel_exit_hook = exit_hook.while_open(self._end_at_exit)
+            ended = functools.partial(_end_orphaned, self._run_logger, self._owns_run, self.options.flush_timeout)
+            self._cancel_exit_hook = exit_hook.while_open(self._end_at_exit, ended)
         with self._rank0.step("reading the optimizer's step"):
             first_step = run_params.optimizer_iterations(self.model) or 0
         if self._logging and every:
@@ -124,13 +126,7 @@ class RankZeroSteps:
         without autolog, or the process exits in it) ends FAILED, its delivery bounded as at any end of a fit."""
         if self._finished or not self._logging:
             return
-        logger.warning(
-            "hvd-mlflow: fit did not end (it raised, or the process exits in it): %s; delivering the journal (at "
-            "most %.0f s; if this process is stopped first:  hvd-mlflow sync %s)",
-            "its run ends FAILED" if self._owns_run else "FAILED is recorded, the run (not hvd-mlflow's) is left open",
-            self.options.flush_timeout,
-            self._run_logger.journal.location,
-        )
+        _say_ended_at_exit(self._owns_run, self.options.flush_timeout, self._run_logger.journal.location)
         self._end_fit("FAILED")
 
     def _drop_exit_hook(self) -> None:
@@ -333,3 +329,19 @@ class RankZeroSteps:
 def _model_not_logged_server_down() -> None:
     logger.warning("hvd-mlflow: the model was not logged: the tracking server does not answer (refused, closed without "
                    "an answer, or 5xx)")  # fmt: skip
+
+
+def _say_ended_at_exit(owns_run: bool, flush_timeout: float, journal: str) -> None:
+    logger.warning(
+        "hvd-mlflow: fit did not end (it raised, or the process exits in it): %s; delivering the journal (at most "
+        "%.0f s; if this process is stopped first:  hvd-mlflow sync %s)",
+        "its run ends FAILED" if owns_run else "FAILED is recorded, the run (not hvd-mlflow's) is left open",
+        flush_timeout,
+        journal,
+    )
+
+
+def _end_orphaned(run_logger: RunLogger, owns_run: bool, flush_timeout: float) -> None:
+    """At exit, a cut fit whose callback was collected (:mod:`.exit_hook`): its run ends FAILED, bounded alike."""
+    _say_ended_at_exit(owns_run, flush_timeout, run_logger.journal.location)
+    run_logger.close("FAILED", time.monotonic() + flush_timeout)

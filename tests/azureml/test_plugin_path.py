@@ -59,6 +59,12 @@ def test_job_logs_global_values_from_rank0_only_through_the_plugin(tmp_path, cli
     # the job's run is AzureML's: never ended, renamed or re-pointed
     assert not [r for r in front.requests if r.path.endswith(("/runs/update", "/runs/create", "/experiments/create"))]
     assert client.get_run(run_id).info.status == "RUNNING"
+    # hvd-mlflow's own tags in a job: the 5 of every run, never journal_id (README, reference.md, azureml.md)
+    tags = client.get_run(run_id).data.tags
+    assert {k for k in tags if k.startswith("hvd_mlflow.")} == {
+        f"hvd_mlflow.{name}" for name in ("engine", "world_size", "reduction", "keras_flavour", "hosts")
+    }, tags
+    assert tags["hvd_mlflow.engine"] == "horovod"
     report("azureml_plugin_path", requests=len(front.requests), metric_requests_with_keras_keys=len(batches),
            rank1_connections_to_tracking=0, **counts)  # fmt: skip
 

@@ -55,7 +55,11 @@ def assert_each_point_sent_once(proxy: Proxy, keys) -> None:
     assert 1 <= len(requests) <= EPOCHS
 
 
-def assert_params(client, run_id: str, batch_size_known: bool = True, steps: int = 6) -> None:
+# README and reference.md: the 5 tags of hvd-mlflow's own in every run (journal_id only on runs it created)
+EVERY_RUN_TAGS = {f"hvd_mlflow.{name}" for name in ("engine", "world_size", "reduction", "keras_flavour", "hosts")}
+
+
+def assert_params(client, run_id: str, batch_size_known: bool = True, steps: int = 6, created: bool = False) -> None:
     params = client.get_run(run_id).data.params
     assert params["epochs"] == str(EPOCHS)
     assert params["world_size"] == "2"
@@ -80,6 +84,10 @@ def assert_params(client, run_id: str, batch_size_known: bool = True, steps: int
     assert tags["hvd_mlflow.world_size"] == "2"
     assert tags["hvd_mlflow.hosts"] == f"{socket.gethostname()}:0-1"  # both ranks on this host
     assert tags["hvd_mlflow.reduction"] == "exact"
+    assert tags["hvd_mlflow.engine"] == "horovod"
+    assert tags["hvd_mlflow.keras_flavour"] in ("keras", "tf_keras")
+    own = {key for key in tags if key.startswith("hvd_mlflow.")}
+    assert own == EVERY_RUN_TAGS | ({"hvd_mlflow.journal_id"} if created else set()), own
 
 
 def precreated_run_job(out_dir, mlflow_server, client, how: str) -> tuple[str, launch.Launch, Proxy]:
@@ -144,7 +152,7 @@ def test_no_run_id_rank0_creates_exactly_one_run(tmp_path, mlflow_server, client
     ranks = [done.rank(0), done.rank(1)]
     assert [r["run_id"] for r in ranks] == [run.info.run_id] * 2
     assert_run_holds_global_values(client, run.info.run_id, ranks)
-    assert_params(client, run.info.run_id, steps=1250)
+    assert_params(client, run.info.run_id, steps=1250, created=True)
     assert len([r for r in proxy.requests if r.path.endswith("/runs/create")]) == 1
     assert_each_point_sent_once(proxy, ranks[0]["local"][0])
 

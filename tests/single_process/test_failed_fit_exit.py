@@ -65,3 +65,23 @@ def test_with_the_server_down_the_exit_is_bounded_and_sync_ends_the_run_failed(t
     loss = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in loss] == [(e, pytest.approx(v["loss"])) for e, v in enumerate(local)]
     assert len(local) == 2
+
+
+def test_a_cut_fit_whose_callback_was_collected_still_ends_failed_at_exit(tmp_path, mlflow_server, client):
+    """The script catches the error of a bare callback's fit (created inside ``callbacks=[...]``), keeps no reference
+    to the callback, and the garbage collector takes it before the process exits normally: the run still ends
+    FAILED at exit with every epoch that ended (the exit hook holds the fit's run logger, never the callback or its
+    model). It stayed RUNNING, silently (README: "at the latest when the process exits")."""
+    name = f"bare-exit-gc-{uuid.uuid4().hex[:8]}"
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": name}
+    done = launch.run(tmp_path, ["--explicit-callback", "--epochs", "4", "--raise-at", "epoch-1-end",
+                                 "--catch-and-collect"], env=env, horovodrun=False)  # fmt: skip
+    assert done.returncode == 0, done.output[-3000:]
+    [run] = runs_of(client, name)
+    assert run.info.status == "FAILED"
+    local = done.rank(0)["local"]
+    assert len(local) == 2
+    loss = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    assert [(m.step, m.value) for m in loss] == [(e, pytest.approx(v["loss"])) for e, v in enumerate(local)]
+    assert done.output.count(ENDED) == 1, done.output[-3000:]
+    assert journals(tmp_path) == []

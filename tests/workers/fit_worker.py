@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import importlib.util
 import json
@@ -241,6 +242,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--no-log-tensorboard", action="store_true", help="autolog(log_tensorboard=False)")
     parser.add_argument("--tensorboard-profile-batch", default="0", help="the TensorBoard callback's profile_batch")
     parser.add_argument("--raise-at", choices=["first-batch", "epoch-1-end"], help="a callback raises out of fit")
+    parser.add_argument("--catch-and-collect", action="store_true",
+                        help="with --raise-at: catch the error, drop the callbacks (gc), exit 0")  # fmt: skip
     parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     parser.add_argument("--warmup-recipe", type=Path, help="a file defining warmup(initial_lr, warmup_epochs)")
     parser.add_argument("--horovod-warmup", action="store_true", help="Horovod's LearningRateWarmupCallback")
@@ -374,9 +377,19 @@ def main() -> None:
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="binary_crossentropy", metrics=["accuracy"])
     # --uneven: the same 3 training steps on every rank (Horovod averages gradients each step), batches of each size
     batch = -(-sizes[rank] // 3) if args.uneven else 16
-    history = model.fit(x, y, batch_size=batch, validation_batch_size=16, epochs=args.epochs,
-                        validation_data=validation, callbacks=callbacks, verbose=0,
-                        initial_epoch=args.initial_epoch)  # fmt: skip
+    try:
+        history = model.fit(x, y, batch_size=batch, validation_batch_size=16, epochs=args.epochs,
+                            validation_data=validation, callbacks=callbacks, verbose=0,
+                            initial_epoch=args.initial_epoch)  # fmt: skip
+    except RuntimeError:
+        if not args.catch_and_collect:
+            raise
+        history = None
+    if history is None:  # out of the except block: its traceback no longer holds fit's frames
+        callbacks.clear()  # a script that caught the error keeps no callback: nothing but the exit hook is left
+        record["collected"] = gc.collect()
+        save(args.out)
+        return
     record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
     record["fit_returned_at"] = time.time()
     record["history"] = {k: [float(v) for v in vs] for k, vs in history.history.items()}
