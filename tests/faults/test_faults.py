@@ -103,10 +103,13 @@ def test_server_killed_mid_training_and_restarted(tmp_path, mlflow_server, clien
     proxy: Proxy
     fault, seen = at_metrics_request(2, lambda: proxy.outage(4.0))  # down for 4 s, then back on the same port
     with Proxy(mlflow_server.url, fault=fault) as proxy:
-        done = train(tmp_path, proxy.url, run_id, ["--epochs", "8", "--epoch-sleep", "0.5"])
+        # 12 epochs of at least 0.5 s: the server is back while the training runs (the premise: with 8, a row whose
+        # epochs are fast ended its fit inside the outage, and rightly left the last epochs in the journal)
+        done = train(tmp_path, proxy.url, run_id, ["--epochs", "12", "--epoch-sleep", "0.5"])
         ranks = finished_ranks(done)
     assert "acted" in seen
-    counts = check_run(client, run_id, ranks, 8)
+    assert "were not delivered" not in done.output, done.output[-3000:]
+    counts = check_run(client, run_id, ranks, 12)
     assert_stall("server_killed_and_restarted", ranks, counts, outage_s=4.0)
 
 
