@@ -10,7 +10,7 @@ import pytest
 from tests.support import launch
 from tests.support.azureml_front import AzureMLFront
 from tests.support.checks import FAST_RETRIES, check_run, report
-from tests.support.proxy import Delay, Respond
+from tests.support.proxy import DROP_RESPONSE, Delay, Respond
 
 pytestmark = [pytest.mark.multirank, pytest.mark.shared, pytest.mark.azureml, pytest.mark.timeout(600)]
 
@@ -135,3 +135,45 @@ def test_model_as_artifacts_and_params_over_200_in_an_artifact(tmp_path, client,
     assert "at most 200 params per run" in done.output
     assert client.get_run(run_id).info.status == "RUNNING"
     report("azureml_models_params", files=len(files), params=len(params), params_in_artifact=len(overflow))
+
+
+def test_an_artifact_whose_answer_was_lost_is_delivered_once(tmp_path, client, front):
+    """azureml.md's limits table: "a 409 after a resend counts as delivered". The blob of the params artifact is
+    written and its answer lost: the upload never returns, so the end of fit is bounded and leaves what waited behind
+    it in the journal (kept in ./outputs). ``sync`` resends it: AzureML never overwrites (409), and that counts as
+    delivered: every param once, in the run or in the artifact; nothing refused, nothing left."""
+    import json
+
+    from tests.support.checks import sync
+
+    lost = []
+
+    def lose_the_params_artifacts_answer(request):
+        if "hvd_mlflow/params-" in request.path and not lost:
+            lost.append(request.path)
+            return DROP_RESPONSE
+        return None
+
+    front.fault = lose_the_params_artifacts_answer
+    job_dir = tmp_path / "job"
+    run_id, ranks, done = job(client, front, job_dir, ["--epochs", "2", "--params", "300"],
+                              HVD_MLFLOW_FLUSH_TIMEOUT="8")  # fmt: skip
+    assert lost and "were not delivered" in done.output, done.output[-3000:]
+    [kept] = (job_dir / "outputs" / "hvd_mlflow_journal").glob("*.journal.sqlite")
+    front.fault = None
+    synced = sync(tmp_path, str(kept), env=front.job_environment(run_id, client.get_run(run_id).info.experiment_id))
+    assert synced.returncode == 0 and "refused" not in synced.stdout + synced.stderr, synced.stdout + synced.stderr
+    # the blob written once, its answer lost; sync's resend asks the artifact service again, which answers 409
+    # (the artifact exists): counted as delivered, never written twice
+    puts = [r.status for r in front.requests if "hvd_mlflow/params-" in r.path.split("?")[0]]
+    asked = [r.status for r in front.requests if b"hvd_mlflow/params-" in r.body and "/history/" in r.path]
+    assert puts == [0] and asked[0] == 200 and asked[1:] == [409], (puts, asked)
+    blobs = front.artifact_dir / f"dcid.{run_id}"
+    [overflow_file] = list((blobs / "hvd_mlflow").glob("params-*"))
+    params = client.get_run(run_id).data.params
+    overflow = json.loads(overflow_file.read_text())
+    assert {k: v for k, v in {**params, **overflow}.items() if k.startswith("hp_")} == {
+        f"hp_{i:03d}": str(i) for i in range(300)
+    }
+    assert not kept.exists()  # delivered: sync deleted it
+    check_run(client, run_id, ranks, 2)  # and every epoch, once

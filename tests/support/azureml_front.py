@@ -41,7 +41,7 @@ from urllib.parse import urlencode
 
 import jwt
 
-from tests.support.proxy import Fault, Proxy, Recorded, Respond
+from tests.support.proxy import DROP_RESPONSE, RESET, Fault, Proxy, Recorded, Respond
 
 SECRET = "offline-test-signing-key-of-32-bytes-or-more"
 SUBSCRIPTION, RESOURCE_GROUP, WORKSPACE = "00000000-1111-2222-3333-444444444444", "rg-offline", "ws-offline"
@@ -290,8 +290,10 @@ class AzureMLFront(Proxy):
         return holds
 
     def intercept(self, request: Recorded):
-        if request.path.startswith("/blob/"):
-            return self._blob(request)
+        if request.path.startswith("/blob/"):  # the fault may lose the answer of a blob written (DROP_RESPONSE)
+            answer = self._blob(request)
+            lost = answer.status == 201 and self.fault is not None and self.fault(request) == DROP_RESPONSE
+            return RESET if lost else answer
         auth = request.headers.get("Authorization", "")
         try:
             jwt.decode(auth.removeprefix("Bearer "), SECRET, algorithms=["HS256"], options={"verify_aud": False})
