@@ -241,8 +241,11 @@ class Sender:
             self._begun.set()
         self._wait_at_end(lambda: not self._thread.is_alive(), self._thread.join, deadline, grace=DOWN_GRACE_S)
         if not self._thread.is_alive() and self.delivered_all:
-            self._release()
-            return True
+            self._release()  # written back, not deleted, when the file keeps entries memory let go
+            if not self.journal.left_in_file:
+                return True
+            self._warn_undelivered(self.journal.left_in_file)
+            return False
         left = self.journal.count()
         self.stop(wait=0)
         self.journal.checkpoint()  # the file the warning names holds everything by itself (the thread may go on)
@@ -426,7 +429,7 @@ def _where_left(journal: LiveJournal, job_mode: bool) -> str:
     """Where the entries the end of fit could not deliver are kept, and how to deliver them."""
     dropped = journal.dropped_points
     lost = (f", as are {dropped} older values journaled in memory that it could not hold" if dropped else "") + (
-        ". Set HVD_MLFLOW_JOURNAL_DIR to a writable local folder with room."
+        ". Set journal_dir (HVD_MLFLOW_JOURNAL_DIR) to a writable local folder with room."
     )
     if journal.in_memory and journal.file is not None:
         return (

@@ -374,7 +374,7 @@ class _Computer:
         """The concrete function of :meth:`_program`."""
         import tensorflow as tf
 
-        spec = tf.TensorSpec([count, self._layout[-1][0].stop], tf.float64)
+        spec = tf.TensorSpec([count, self._layout[-1][0].stop if self._layout else 0], tf.float64)
         return tf.function(self._program(count), autograph=False).get_concrete_function(spec)
 
     @staticmethod

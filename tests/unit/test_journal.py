@@ -398,3 +398,26 @@ def test_a_memory_journal_counts_the_values_it_dropped_in_its_warnings_which_nam
     assert counted == [dropped], said
     assert [text for text in said if "HVD_MLFLOW_JOURNAL_DIR" in text], said
     assert MlflowClient(uri).search_runs(["0"]) == []  # nothing reached the store: it was all in memory
+
+
+def test_entries_memory_let_go_that_the_file_still_holds_keep_the_file_and_are_left_for_sync(tmp_path):
+    """The file fails with more unsent values than memory holds: memory takes them over and lets the oldest go, which
+    the file still holds. Once memory delivered the rest, releasing with delete=True (everything memory had was
+    delivered) keeps the file and writes back into it: the entries memory let go stay pending there, for sync. It
+    deleted the file, and with it the only copy of those entries, silently."""
+    meta = JournalMeta.new(tracking_uri="http://127.0.0.1:9")
+    live = LiveJournal(FileJournal.create(tmp_path, meta))
+    epochs = DOCUMENTED_MEMORY_BOUND // 100 + 3
+    live.append_many([("metrics", {f"m{k}": 1.0 for k in range(100)}, step, step) for step in range(epochs)])
+    path = live.file.path
+    live.file._db.execute("PRAGMA query_only = ON")  # every write now fails as on a full disk
+    live.append("tags", {"t": "1"})  # the failed write moves the journal to memory, which takes the file's entries
+    assert live.in_memory and live.left_in_file == 3 and live.dropped_points == 0
+    live.acknowledge([entry.seq for entry in live.pending(limit=10**9)])
+    assert live.count() == 0
+    live.release(delete=True)
+    assert path.exists()
+    kept = FileJournal.open(path)
+    assert [entry.step for entry in kept.pending(limit=10)] == [0, 1, 2]  # the three oldest epochs, for sync
+    assert kept.count(DELIVERED) == epochs - 3 and kept.meta().moved_to_memory  # the rest, settled as in memory
+    kept.close()

@@ -76,6 +76,12 @@ class LiveJournal(Journal):
         current = self._current
         return current.dropped_points if isinstance(current, MemoryJournal) else 0
 
+    @property
+    def left_in_file(self) -> int:
+        """Entries the memory journal let go past its bound that the file it took them from still holds."""
+        current = self._current
+        return current.left_in_file if isinstance(current, MemoryJournal) else 0
+
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
             if self._released:
@@ -103,7 +109,7 @@ class LiveJournal(Journal):
         logger.warning(
             "hvd-mlflow: the journal %s cannot be written any more (%s: %s); journaling in memory from now on "
             "(at most %d unsent values; what is not delivered when this process ends is lost). Training goes on. "
-            "Set HVD_MLFLOW_JOURNAL_DIR to a local folder with room for the next fits.",
+            "Set journal_dir (HVD_MLFLOW_JOURNAL_DIR) to a local folder with room for the next fits.",
             file.path,
             type(error).__name__,
             error,

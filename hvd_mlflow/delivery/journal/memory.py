@@ -36,6 +36,7 @@ class MemoryJournal(Journal):
         self._next = 1
         self._in_file: set[int] = set()  # entries taken over from a file, which still holds them pending
         self.dropped_points = 0  # values dropped past the bound that no file keeps: lost
+        self.left_in_file = 0  # entries dropped past the bound that the file still holds: for sync
 
     location = "memory"
 
@@ -49,10 +50,9 @@ class MemoryJournal(Journal):
             entries = journal.pending(limit=10**9)
         except STORAGE_ERRORS:
             return memory  # they stay in the file, for ``hvd-mlflow sync``
-        memory._in_file = {entry.seq for entry in entries}
+        memory._in_file, memory.took_all = {entry.seq for entry in entries}, True  # until one is let go (_add)
         for entry in entries:
             memory._add(entry)
-        memory.took_all = True
         return memory
 
     took_all = False
@@ -84,7 +84,10 @@ class MemoryJournal(Journal):
                     break
                 _, n = self._entries.pop(oldest)
                 self._points -= n
-                self.dropped_points += 0 if oldest in self._in_file else n
+                if oldest in self._in_file:  # the file keeps it: it must not be deleted at release
+                    self.left_in_file, self.took_all = self.left_in_file + 1, False
+                else:
+                    self.dropped_points += n
         return entry.seq
 
     def continue_after(self, seq: int) -> None:
