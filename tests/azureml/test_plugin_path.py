@@ -177,3 +177,32 @@ def test_an_artifact_whose_answer_was_lost_is_delivered_once(tmp_path, client, f
     }
     assert not kept.exists()  # delivered: sync deleted it
     check_run(client, run_id, ranks, 2)  # and every epoch, once
+
+
+@pytest.mark.once
+def test_doctor_in_a_job_says_the_plugin_job_mode_and_the_runs_limits(tmp_path, client, front):
+    """reference.md's `doctor`, azureml.md (limits, job mode), troubleshooting.md: in an AzureML job's environment the
+    doctor says the plugin is used, that this is a job (it logs into the job's run), and the per-run budget that
+    applies: AzureML's, or the user's when set."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.environment import clean_environment
+
+    experiment_id = client.create_experiment(f"doctor-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(experiment_id).info.run_id
+    env = {**clean_environment(), **front.job_environment(run_id, experiment_id), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    doctor = [str(Path(sys.executable).parent / "hvd-mlflow"), "doctor"]
+
+    def line(out: str, name: str) -> str:
+        [found] = [row for row in out.splitlines() if row[3:].startswith(name)]
+        return found
+
+    done = subprocess.run(doctor, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert line(done.stdout, "azureml plugin").split(None, 3)[-1] == "1.62.0.post6; used", done.stdout
+    assert "yes: logs into the job's run, never creates or ends runs" in line(done.stdout, "AzureML job mode")
+    assert "50 metric names per run, 1,000,000 rows per metric, 50 tags" in line(done.stdout, "per-run limits")
+    env["HVD_MLFLOW_MAX_METRIC_NAMES"] = "30"
+    done = subprocess.run(doctor, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert "30 metric names per run" in line(done.stdout, "per-run limits"), done.stdout

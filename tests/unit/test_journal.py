@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
 import subprocess
@@ -378,6 +379,10 @@ def test_a_memory_journal_counts_the_values_it_dropped_in_its_warnings_which_nam
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # the store made first: MLflow 2.12 creates it with alembic's fileConfig, which replaces the root logger's
+    # handlers, pytest's capture among them (put back: added once at most)
+    MlflowClient(uri).search_experiments()
+    logging.getLogger().addHandler(caplog.handler)
     epochs = DOCUMENTED_MEMORY_BOUND // 100 + 3
     with caplog.at_level("WARNING", logger="hvd_mlflow"):
         meta = JournalMeta.new(tracking_uri=uri, experiment_id="404404", resume="log")  # a run MLflow refuses
