@@ -97,24 +97,26 @@ run_suite() {  # label python markers [VAR=value...] (phases=alone: the row has 
   echo "== $label: $(( $(date +%s) - t0 )) s"
   durations+=$'\n'"  $label row: $(( $(date +%s) - t0 )) s"
 }
-# Each test runs in one row only, but the flavour-dependent ones (in every row). The fault-injection suite, the browser
-# test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling, the
-# command line, the sender) check what neither the Keras flavour nor the MLflow version changes: they run once, in the
-# newest row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin
-# path) run where it is installed, in the AzureML row. The multi-node suite (Open MPI over network namespaces) runs in
-# the AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not (oldest). The oldest
-# row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked "oldest" (exact values,
-# Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic with TF 2.15's own
-# tf.keras) and the plugin path with its old azureml-mlflow; its unit and single-process tests all (MLflow 2.12's
-# client and server). Every row forks each rank of a test's job (a Horovod rank, a tf.distribute worker on this host)
-# from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without it, every rank of each of
-# a row's jobs imports TensorFlow anew.
+# Each test runs in one row only, but the flavour-dependent ones (in every row). The fault-injection suite, the
+# browser test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling,
+# the command line, the sender) check what neither the Keras flavour nor the MLflow version changes: they run once, in
+# the newest row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin
+# path) run where it is installed, in the AzureML row. The tests of MLflow's default store (marked "default_store": no
+# tracking URI, which an AzureML job always has) run in the newest row (MLflow 3's sqlite default) and the oldest
+# (MLflow 2's mlruns, Keras 2's API): the AzureML row adds neither. The multi-node suite (Open MPI over network
+# namespaces) runs in the AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not
+# (oldest). The oldest row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked
+# "oldest" (exact values, Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic
+# with TF 2.15's own tf.keras) and the plugin path with its old azureml-mlflow; its unit and single-process tests all
+# (MLflow 2.12's client and server). Every row forks each rank of a test's job (a Horovod rank, a tf.distribute worker
+# on this host) from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without it, every
+# rank of each of a row's jobs imports TensorFlow anew.
 zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
 run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute and not jax" \
   TF_USE_LEGACY_KERAS=0 "$zygotes"
 run_suite azureml "$venv/bin/python" \
-  "not tfdistribute and not jax and (multinode or mpirun or azureml or not (faults or browser or docs or once))" \
-  TF_USE_LEGACY_KERAS=1 "$zygotes"
+  "not tfdistribute and not jax and not default_store and (multinode or mpirun or azureml or not (faults or browser or docs \
+or once))" TF_USE_LEGACY_KERAS=1 "$zygotes"
 run_suite oldest "$venv_oldest/bin/python" "not tfdistribute and not jax and (mpirun or not (faults or browser or docs or once or \
 multinode)) and (oldest or azureml or mpirun or not multirank)" TF_USE_LEGACY_KERAS=0 "$zygotes"
 # The tf.distribute engine's tests (marked "tfdistribute"): TF 2.21 + tf_keras, no Horovod (docs/support-matrix.md).

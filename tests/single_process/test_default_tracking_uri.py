@@ -14,7 +14,7 @@ import pytest
 from tests.support.checks import sync
 from tests.support.environment import clean_environment
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.default_store]
 
 SCRIPT = textwrap.dedent(
     """

@@ -52,6 +52,15 @@ def prestart_rank_zygotes() -> None:
         rank_zygote.session().prestart(_env(None))
 
 
+def python(env: dict[str, str]) -> list[str]:
+    """What runs a ``.py`` script as one process without a launcher: ``python``, or, with the rank zygotes on, their
+    client, whose process is then forked from rank 0's zygote (``env`` gains what that needs)."""
+    if not rank_zygote.enabled():
+        return [sys.executable]
+    env.update(rank_zygote.session().env_for(env, 1), **{rank_zygote.ALONE_ENV: "1"})
+    return rank_zygote.session().command()
+
+
 def run(
     out_dir: Path,
     args: list[str] | None = None,
@@ -86,6 +95,8 @@ def run(
                 # ranks' imports on 2 cores took over the usual 60 s in CI (ranks 0 and 1 gave up waiting for rank 2)
                 env["HOROVOD_GLOO_TIMEOUT_SECONDS"] = str(max(int(env["HOROVOD_GLOO_TIMEOUT_SECONDS"]), 30 * np))
         command = [*program, "-np", str(np), "-H", f"localhost:{np}", "--gloo", *command]
+    else:
+        command = [*python(env), *command[1:]]
     start = time.monotonic()
     try:
         done = subprocess.run(command, env=env, cwd=out_dir, capture_output=True, text=True, timeout=timeout)

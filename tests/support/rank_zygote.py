@@ -43,6 +43,7 @@ from typing import NoReturn
 
 ENABLE_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTE"  # "1" in the test session: ranks are forked from zygotes
 FOLDER_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTES"  # in a job's environment: the folder of its zygotes' sockets
+ALONE_ENV = "HVD_MLFLOW_TEST_RANK_ZYGOTE_ALONE"  # "1": one process without a launcher, served by rank 0's zygote
 IMPORT_TIME = ("TF_", "KERAS_", "OMP_", "MKL_", "OPENBLAS_", "CUDA_", "XLA_", "PYTHON", "LD_")
 NOT_IMPORT_TIME = ("TF_CONFIG",)  # read when a strategy is made, not at the import: one zygote serves every task
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -55,7 +56,7 @@ def enabled() -> bool:
 
 def _own(env: dict[str, str]) -> dict[str, str]:
     """A process's environment without the zygotes' folder (what neither a zygote nor a rank should inherit)."""
-    return {k: v for k, v in env.items() if k != FOLDER_ENV}
+    return {k: v for k, v in env.items() if k not in (FOLDER_ENV, ALONE_ENV)}
 
 
 def import_time_key(env: dict[str, str]) -> str:
@@ -283,7 +284,10 @@ def _kill_session(pid: int, sig: int = signal.SIGKILL) -> None:
 
 
 def rank_of(env: dict[str, str]) -> int | None:
-    """The process's rank: Horovod's, or a tf.distribute task's place in its cluster (the chief first)."""
+    """The process's rank: Horovod's, or a tf.distribute task's place in its cluster (the chief first), or 0 for one
+    process without a launcher (:data:`ALONE_ENV`, which the process itself never sees)."""
+    if env.get(ALONE_ENV) == "1":
+        return 0
     if "HOROVOD_RANK" in env:
         return int(env["HOROVOD_RANK"])
     if "TF_CONFIG" in env:
