@@ -6,9 +6,12 @@ hvd-mlflow sync path/to/x.journal.sqlite --tracking-uri http://mlflow:5000
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -49,6 +52,23 @@ def _explain(error: BaseException) -> str:
 def main(verbose: bool) -> None:
     """Tools around hvd-mlflow's Keras callback."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(message)s")
+    if not verbose:
+        logging.setLogRecordFactory(_one_line(logging.getLogRecordFactory()))
+
+
+def _one_line(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
+    """Without -v, what any library logs (MLflow logs its store's errors with their trace) is one line: its message
+    with the whitespace folded, without the trace, which -v shows."""
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        if record.exc_info or record.stack_info or "\n" in str(record.msg):
+            with contextlib.suppress(Exception):  # a message its arguments do not fit is left to logging to report
+                record.msg, record.args = " ".join(record.getMessage().split()), ()
+            record.exc_info = record.stack_info = None
+        return record
+
+    return factory
 
 
 @main.command()

@@ -407,3 +407,30 @@ def test_verbose_says_what_sync_does(tmp_path, mlflow_server, client):
         out[verbose] = (done.stderr, f"{journal.path}: 1 entries to send to {mlflow_server.url}, run {run_id}")
     assert out[True][1] in out[True][0], out[True]
     assert "entries to send" not in out[False][0], out[False]
+
+
+def test_what_mlflow_logs_with_a_trace_is_one_line_and_the_trace_only_under_verbose(tmp_path):
+    """README/reference: "Bad input gets a clear one-line error ... never a Python traceback", the full trace with
+    ``-v``. MLflow logs its store's SQL errors with their trace (``_logger.exception``): a sqlite store whose
+    ``experiments`` table lacks MLflow's columns (a user's database of that name, or one a killed process left) makes
+    it do so. Without -v the command printed MLflow's whole Python traceback above its own one-line error."""
+    import sqlite3
+
+    store = tmp_path / "mlflow.db"
+    with sqlite3.connect(store) as db:
+        db.execute("CREATE TABLE experiments (experiment_id INTEGER PRIMARY KEY, name VARCHAR(256))")
+    journal = _pending_journal(tmp_path / "j", f"sqlite:///{store}", "0" * 32)
+    said = {}
+    for verbose in (False, True):
+        env = {**clean_environment(), "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+        done = subprocess.run([CLI, *(["-v"] if verbose else []), "sync", "--keep", str(journal.path)], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 1, done.stdout + done.stderr
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+        assert len(errors) == 1 and "not uploaded" in errors[0] and "no such column" in errors[0], done.stderr
+        said[verbose] = done.stderr
+    assert "Traceback" not in said[False] and "no such column" in said[False].replace(said[False].splitlines()[-1], "")
+    assert "Traceback (most recent call last)" in said[True]  # -v: MLflow's trace, as it logged it
+    # MLflow's own line is still there, on one line: its message, the SQL folded in
+    mlflow_lines = [line for line in said[False].splitlines() if "SQLAlchemy database error" in line]
+    assert len(mlflow_lines) >= 1 and all("no such column" in line for line in mlflow_lines), said[False]
