@@ -37,8 +37,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) starts beside the first tests, if a test of this
-    session launches Horovod ranks or tf.distribute workers; a session without such tests starts none."""
+    session launches Horovod ranks or tf.distribute workers; a session without such tests starts none. A session
+    whose tests imported TensorFlow, with tf_keras installed, fits in-process on tf_keras as the workers do: without
+    autograph converting tf_keras' own functions (test speed only: tests/workers/common.py)."""
+    import sys
+
     from tests.support.launch import prestart_rank_zygotes
+
+    if "tensorflow" in sys.modules and importlib.util.find_spec("tf_keras"):
+        from tests.workers.common import leave_tf_keras_unconverted
+
+        leave_tf_keras_unconverted()
 
     if any(item.get_closest_marker(name) for item in session.items for name in ("multirank", "tfdistribute")):
         prestart_rank_zygotes()

@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (tf_keras: its autograph rule, common._leave_tf_keras_unconverted)
+import common  # noqa: F401  (tf_keras: its autograph rule, common.leave_tf_keras_unconverted)
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
