@@ -64,7 +64,6 @@ def history(client, run_id: str, key: str) -> list[float]:
     return [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-@pytest.mark.shared  # bounds no duration
 def test_rank0_tensorboard_shows_the_global_values_and_lands_in_the_run(tmp_path, client):
     run_id = client.create_run(client.create_experiment(f"tb-{uuid.uuid4().hex[:8]}")).info.run_id
     env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id}
@@ -124,7 +123,6 @@ def batch_scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
     return out
 
 
-@pytest.mark.shared  # bounds no duration
 def test_batch_scalars_are_global_at_the_batches_hvd_mlflow_reduces(tmp_path, client, keras_mode):
     """TensorBoard(update_freq=50) with log_every_n_steps=50, 100 batches per epoch: the logged batches are reduced
     in bulk, one collective per 2 of them (about 100 optimizer steps); at the batch where that collective runs,
@@ -174,7 +172,6 @@ def test_batch_scalars_are_global_at_the_batches_hvd_mlflow_reduces(tmp_path, cl
     assert all(local[0][s] != local[1][s] for s in collective)  # the ranks disagreed: global is not rank 0's
 
 
-@pytest.mark.shared  # bounds no duration
 def test_log_tensorboard_false_uploads_nothing_and_still_keeps_other_ranks_out(tmp_path, client):
     run_id = client.create_run(client.create_experiment(f"tb-off-{uuid.uuid4().hex[:8]}")).info.run_id
     env = {"MLFLOW_TRACKING_URI": client.tracking_uri, "MLFLOW_RUN_ID": run_id}
@@ -198,7 +195,6 @@ def file_bytes(folder: Path, leave_out: set[str] = frozenset()) -> dict[str, byt
             if p.is_file() and p.relative_to(folder).parts[0] not in leave_out}  # fmt: skip
 
 
-@pytest.mark.shared  # bounds no duration
 def test_the_run_holds_this_fits_event_files_as_closed_and_nothing_else(tmp_path, client):
     """TensorBoard(update_freq=1) writes a batch summary at every batch, and its profiler (tensorboard_profile) runs
     until TensorBoard's on_train_end stops it; its log folder already holds an earlier run's files (rank-1/ ones too);
