@@ -164,3 +164,58 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+ALONE_PROBE = r"""
+import atexit, json, os, sys, weakref
+
+
+class Callback:
+    pass
+
+
+def fit():
+    callback = Callback()  # held by this frame only, as a fit's callbacks are by Keras' frames
+    alive = weakref.ref(callback)
+    cmdline = open("/proc/self/cmdline", "rb").read().split(b"\0")
+    atexit.register(lambda: json.dump({
+        "callback_alive_at_exit": alive() is not None,
+        "zygote_cmdline": any(part.endswith(b"rank_zygote.py") for part in cmdline),
+        "horovod_vars": sorted(k for k in os.environ if k.startswith("HOROVOD_")),
+        "zygote_vars": sorted(k for k in os.environ if k.startswith("HVD_MLFLOW_TEST_RANK_ZYGOTE")),
+        "argv": sys.argv, "cwd": os.getcwd(),
+    }, open("alone.json", "w")))
+    raise RuntimeError("boom in fit")
+
+
+fit()
+"""
+
+
+def test_one_process_without_a_launcher_ends_on_an_uncaught_error_as_python_does(tmp_path, monkeypatch):
+    """tests/support/launch.py's one process without a launcher (``launch.python``), forked from rank 0's zygote,
+    against the same script run by ``python`` (the truth): exit 1, the traceback on stderr, no Horovod or zygote
+    variable, and what the error's frames hold still alive when the atexit hooks run (python keeps the error in
+    ``sys.last_*`` until after them: an exit hook sees the fit's callbacks). The zygote freed the traceback first."""
+    from tests.support import launch
+
+    monkeypatch.setenv(rank_zygote.ENABLE_ENV, "1")
+    seen = {}
+    for how in ("python", "zygote"):
+        folder = tmp_path / how
+        folder.mkdir()
+        script = folder / "probe.py"
+        script.write_text(ALONE_PROBE)
+        env = {**clean_environment(), "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable] if how == "python" else launch.python(env)
+        done = subprocess.run([*command, str(script)], cwd=folder, env=env, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert done.returncode == 1, (how, done.stdout + done.stderr)
+        assert "Traceback (most recent call last)" in done.stderr and "RuntimeError: boom in fit" in done.stderr
+        seen[how] = json.loads((folder / "alone.json").read_text())
+    assert seen["zygote"]["zygote_cmdline"] and not seen["python"]["zygote_cmdline"]  # really forked
+    for key in ("callback_alive_at_exit", "horovod_vars", "zygote_vars"):
+        assert seen["zygote"][key] == seen["python"][key], (key, seen)
+    assert seen["python"]["callback_alive_at_exit"] is True and seen["zygote"]["horovod_vars"] == []
+    assert seen["zygote"]["argv"] == [str(tmp_path / "zygote" / "probe.py")]
+    assert seen["zygote"]["cwd"] == str(tmp_path / "zygote")

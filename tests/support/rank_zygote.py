@@ -247,7 +247,6 @@ def _manage(conn: socket.socket, own_key: str) -> tuple[dict, list[int]] | None:
 
 def _become_the_rank(request: dict, fds: list[int], numpy_random) -> None:
     import runpy
-    import traceback
 
     os.setsid()
     for target, fd in enumerate(fds):
@@ -267,8 +266,11 @@ def _become_the_rank(request: dict, fds: list[int], numpy_random) -> None:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exit_:
         code = exit_.code
-    except BaseException:  # noqa: BLE001 - a script's uncaught error: its traceback and exit 1, as python does
-        traceback.print_exc()
+    except BaseException:  # noqa: BLE001 - a script's uncaught error, as python ends on one: exit 1, the error
+        # printed by sys.excepthook and kept in sys.last_* until the interpreter is finalised, after the atexit hooks
+        # (a fit's callbacks, held by the traceback's frames, are still alive when an exit hook runs)
+        sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
+        sys.excepthook(*sys.exc_info())
         code = 1
     sys.exit(code)  # the interpreter's own exit: threads joined, atexit hooks, flushed streams
 

@@ -26,7 +26,7 @@ from pathlib import Path
 PRELOAD = ("numpy", "tensorflow", "horovod.tensorflow")
 
 SERVER = r"""
-import importlib, json, os, runpy, sys, traceback
+import importlib, json, os, runpy, sys
 
 protocol_in, protocol_out = os.fdopen(os.dup(0), "r"), os.fdopen(os.dup(1), "w")
 os.dup2(2, 1)  # what the imports print goes to stderr, not into the protocol
@@ -53,8 +53,9 @@ for line in protocol_in:
             runpy.run_path(request["script"], run_name="__main__")
         except SystemExit as exit_:
             code = exit_.code
-        except BaseException:
-            traceback.print_exc()
+        except BaseException:  # as python ends on it: printed by sys.excepthook, kept until after the atexit hooks
+            sys.last_type, sys.last_value, sys.last_traceback = sys.exc_info()
+            sys.excepthook(*sys.exc_info())
             code = 1
         sys.exit(code)  # the interpreter's own exit: threads joined, atexit hooks, flushed streams
     print(json.dumps({"pid": pid}), file=protocol_out, flush=True)
