@@ -6,7 +6,6 @@ hvd-mlflow sync path/to/x.journal.sqlite --tracking-uri http://mlflow:5000
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 from collections.abc import Callable
@@ -58,13 +57,19 @@ def main(verbose: bool) -> None:
 
 def _one_line(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.LogRecord]:
     """Without -v, what any library logs (MLflow logs its store's errors with their trace) is one line: its message
-    with the whitespace folded, without the trace, which -v shows."""
+    and the error's own, whitespace folded, without the trace, which -v shows."""
 
     def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = make(*args, **kwargs)
-        if record.exc_info or record.stack_info or "\n" in str(record.msg):
-            with contextlib.suppress(Exception):  # a message its arguments do not fit is left to logging to report
-                record.msg, record.args = " ".join(record.getMessage().split()), ()
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a message its arguments do not fit: left for logging to report
+            return record
+        error = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
+        if error is not None and str(error) not in text:
+            text = f"{text}: {type(error).__name__}: {error}"
+        if record.exc_info or record.stack_info or "\n" in text:
+            record.msg, record.args = " ".join(text.split()), ()
             record.exc_info = record.stack_info = None
         return record
 

@@ -29,8 +29,9 @@ pytestmark = [pytest.mark.jax, pytest.mark.multinode, pytest.mark.timeout(900)]
 EPOCHS = 3
 KEYS = ("loss", "accuracy", "val_loss", "val_accuracy")
 # The history is a flat JSON object. Open MPI tags each write a process makes: print()'s text and its newline can
-# arrive as two writes, and the next tag then follows the object on the same line (seen in CI).
-HISTORY = re.compile(r"^\[1,(\d+)\]<stdout>:process (\d+) of (\d+), history: (\{[^{}]*\})", re.M)
+# arrive as two writes, and what comes next, another tag or the other process's history, then follows the object on
+# the same line (seen in CI): no anchor at either end of a line.
+HISTORY = re.compile(r"\[1,(\d+)\]<stdout>:process (\d+) of (\d+), history: (\{[^{}]*\})")
 
 
 def test_rehearsal_of_the_jax_job_yaml(tmp_path):

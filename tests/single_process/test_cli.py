@@ -72,20 +72,19 @@ def test_doctor_healthy_then_unreachable_then_pending_journal(tmp_path, mlflow_s
     assert down.returncode == 1 and "does not answer" in down.stdout and "start the server" in down.stdout
     assert "pw-123456" not in down.stdout  # credentials masked
     FileJournal.create(tmp_path / ".hvd_mlflow" / "journal", JournalMeta.new()).append("metrics", {"loss": 1.0}, 0, 1)
-    pending = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
-    assert (
-        pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout
-    )
-    # the doctor only reads: the journal folder (a live training's, say) holds the same files, the journal and its
-    # -wal byte for byte (-shm is SQLite's shared-memory index, which every reader of a WAL database updates)
+    # the doctor only reads: the journal folder (a live training's, say: this process holds the journal open) holds
+    # the same files after it, the journal and its -wal byte for byte (-shm is SQLite's shared-memory index, which
+    # every reader of a WAL database updates)
     folder = tmp_path / ".hvd_mlflow" / "journal"
 
     def contents() -> dict:
         return {p.name: b"" if p.name.endswith("-shm") else p.read_bytes() for p in folder.iterdir()}
 
     before = contents()
-    again = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
-    assert "1 in .hvd_mlflow/journal" in again.stdout
+    pending = doctor(tmp_path, MLFLOW_TRACKING_URI=mlflow_server.url)
+    assert (
+        pending.returncode == 1 and "1 in .hvd_mlflow/journal" in pending.stdout and "hvd-mlflow sync" in pending.stdout
+    )
     assert contents() == before
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests.support.checks import sync
 from tests.support.environment import clean_environment
 
-pytestmark = [pytest.mark.timeout(300), pytest.mark.default_store]
+pytestmark = pytest.mark.timeout(300)
 
 SCRIPT = textwrap.dedent(
     """
@@ -79,6 +79,7 @@ def test_without_a_tracking_uri_the_run_is_in_mlflow_s_default_store_and_mlflow_
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.default_store  # the other test checks every flavour's train begin (no MLflow import there): every row
 def test_a_journal_left_before_the_default_was_resolved_syncs_into_the_training_s_default_store(tmp_path):
     """Killed right after its first epoch: the journal names no tracking URI yet, only the training's working
     directory; ``sync`` run from elsewhere delivers into MLflow's default store there, not into its own folder's."""
