@@ -101,16 +101,16 @@ run_suite() {  # label python markers [VAR=value...] (phases=alone: the row has 
 # browser test, the docs test and the tests marked "once" (the guard on rank 1, the 8-rank golden case, throttling,
 # the command line, the sender) check what neither the Keras flavour nor the MLflow version changes: they run once, in
 # the newest row; those among them that need the azureml-mlflow plugin (marked "azureml": AzureML's limits, the plugin
-# path) run where it is installed, in the AzureML row. The test of a sync into MLflow's default store (marked "default_store":
-# no tracking URI, which an AzureML job always has) runs in the newest row (MLflow 3's sqlite default) and the oldest
-# (MLflow 2's mlruns, Keras 2's API): the AzureML row adds neither. The multi-node suite (Open MPI over network
-# namespaces) runs in the AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and where it has not
-# (oldest). The oldest row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs those marked
-# "oldest" (exact values, Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow 2.12, elastic
-# with TF 2.15's own tf.keras) and the plugin path with its old azureml-mlflow; its unit and single-process tests all
-# (MLflow 2.12's client and server). Every row forks each rank of a test's job (a Horovod rank, a tf.distribute worker
-# on this host) from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without it, every
-# rank of each of a row's jobs imports TensorFlow anew.
+# path) run where it is installed, in the AzureML row. The test of a sync into MLflow's default store (marked
+# "default_store": no tracking URI, which an AzureML job always has) runs in the newest row (MLflow 3's sqlite
+# default) and the oldest (MLflow 2's mlruns, Keras 2's API): the AzureML row adds neither. The multi-node suite (Open
+# MPI over network namespaces) runs in the AzureML row; the one-host mpirun test where Horovod has MPI (AzureML) and
+# where it has not (oldest). The oldest row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs
+# those marked "oldest" (exact values, Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow
+# 2.12, elastic with TF 2.15's own tf.keras) and the plugin path with its old azureml-mlflow; its unit and
+# single-process tests all (MLflow 2.12's client and server). Every row forks each rank of a test's job (a Horovod
+# rank, a tf.distribute worker on this host) from an interpreter that imported TensorFlow once
+# (tests/support/rank_zygote.py): without it, every rank of each of a row's jobs imports TensorFlow anew.
 zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
 run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute and not jax" \
   TF_USE_LEGACY_KERAS=0 "$zygotes"
