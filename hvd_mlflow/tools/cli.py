@@ -63,11 +63,11 @@ def _one_line(make: Callable[..., logging.LogRecord]) -> Callable[..., logging.L
         record = make(*args, **kwargs)
         try:
             text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a message its arguments do not fit: left for logging to report
+            error = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
+            if error is not None and str(error) not in text:
+                text = f"{text}: {type(error).__name__}: {error}"
+        except Exception:  # noqa: BLE001 - a message (or error) that cannot be formatted: left for logging to report
             return record
-        error = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
-        if error is not None and str(error) not in text:
-            text = f"{text}: {type(error).__name__}: {error}"
         if record.exc_info or record.stack_info or "\n" in text:
             record.msg, record.args = " ".join(text.split()), ()
             record.exc_info = record.stack_info = None
