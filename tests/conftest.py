@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.mlflow_server import MlflowServer
+from tests.support.startup import sitecustomize as startup
 
 os.environ.setdefault("HVD_MLFLOW_TESTING", "1")  # rank 0's guard re-raises: no bug hides behind a warning
 os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it on: a model save costs seconds
@@ -16,6 +17,8 @@ os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it o
 if importlib.util.find_spec("tensorflow") is None:
     _OWN = ("jax", "support", "workers", "__pycache__")
     collect_ignore_glob = [f"{f.name}/*" for f in Path(__file__).parent.iterdir() if f.is_dir() and f.name not in _OWN]
+# every Python process the session starts runs tests/support/startup/sitecustomize.py (test speed: tf_keras' autograph)
+os.environ["PYTHONPATH"] = os.pathsep.join([startup.HERE, *filter(None, [os.environ.get("PYTHONPATH")])])
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
@@ -38,16 +41,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) starts beside the first tests, if a test of this
     session launches Horovod ranks or tf.distribute workers; a session without such tests starts none. A session
-    whose tests imported TensorFlow, with tf_keras installed, fits in-process on tf_keras as the workers do: without
-    autograph converting tf_keras' own functions (test speed only: tests/workers/common.py)."""
+    whose tests imported TensorFlow, with tf_keras installed, fits in-process on tf_keras as the processes it starts
+    do: without autograph converting tf_keras' own functions (tests/support/startup/sitecustomize.py)."""
     import sys
 
     from tests.support.launch import prestart_rank_zygotes
 
     if "tensorflow" in sys.modules and importlib.util.find_spec("tf_keras"):
-        from tests.workers.common import leave_tf_keras_unconverted
-
-        leave_tf_keras_unconverted()
+        startup.leave_tf_keras_unconverted()
 
     if any(item.get_closest_marker(name) for item in session.items for name in ("multirank", "tfdistribute")):
         prestart_rank_zygotes()

@@ -33,7 +33,8 @@ TEST_VARIABLES = {
     "PYTHONUNBUFFERED": "1",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30",
 }
-PASSED_ON = ("TF_USE_LEGACY_KERAS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")  # this machine's, to every rank
+# this machine's, to every rank; PYTHONPATH: the test session's start-up module (tests/support/startup)
+PASSED_ON = ("TF_USE_LEGACY_KERAS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "PYTHONPATH")
 
 
 @dataclass

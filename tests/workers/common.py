@@ -21,21 +21,6 @@ keras_module = importlib.import_module(FLAVOUR)
 KERAS_MAJOR = int(keras_module.__version__.split(".")[0])
 
 
-def leave_tf_keras_unconverted() -> None:
-    """Test speed only. TF 2.16's autograph leaves ``keras`` unconverted but not ``tf_keras``, so a process's first
-    fit on tf_keras converts ~700 of its functions (~11 s here, 0.4 s without); the rule Keras 2 had on TF 2.15.
-    What is tested does not change: hvd-mlflow's own functions are traced with ``autograph=False``. The test session
-    does the same in its own processes (tests/conftest.py)."""
-    from tensorflow.python.autograph.core import config
-
-    if not any(isinstance(r, config.DoNotConvert) and r.matches("tf_keras.src") for r in config.CONVERSION_RULES):
-        config.CONVERSION_RULES = (config.DoNotConvert("tf_keras"), *config.CONVERSION_RULES)
-
-
-if FLAVOUR == "tf_keras":
-    leave_tf_keras_unconverted()
-
-
 def data(rank: int, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Rank-dependent data, so every rank's local values differ (``seed`` 10: the validation shard)."""
     rng = np.random.default_rng(100 + rank + seed)

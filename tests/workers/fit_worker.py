@@ -31,7 +31,6 @@ import threading
 import time
 from pathlib import Path
 
-import common  # noqa: F401  (tf_keras: its autograph rule, common.leave_tf_keras_unconverted)
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
