@@ -178,6 +178,7 @@ def _receive(sock: socket.socket, with_fds: int = 0) -> tuple[dict | None, list[
 
 
 def serve(path: Path, preload: list[str]) -> None:
+    import gc
     import importlib
     import importlib.util
 
@@ -188,6 +189,7 @@ def serve(path: Path, preload: list[str]) -> None:
     import tensorflow as tf
 
     tf.keras.Model  # noqa: B018 - the Keras flavour (TF_USE_LEGACY_KERAS) resolved once, as at a script's first use
+    gc.freeze()  # what the imports made: never traversed by a rank's collections (FROZEN: tests/support/zygote.py)
     own_key = import_time_key(dict(os.environ))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
