@@ -17,8 +17,11 @@ os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it o
 if importlib.util.find_spec("tensorflow") is None:
     _OWN = ("jax", "support", "workers", "__pycache__")
     collect_ignore_glob = [f"{f.name}/*" for f in Path(__file__).parent.iterdir() if f.is_dir() and f.name not in _OWN]
-# every Python process the session starts runs tests/support/startup/sitecustomize.py (test speed: tf_keras' autograph)
-os.environ["PYTHONPATH"] = os.pathsep.join([startup.HERE, *filter(None, [os.environ.get("PYTHONPATH")])])
+# test speed: tf_keras unconverted by autograph in this process and in those it starts whose environment comes from
+# this one (they import tests/support/startup/sitecustomize.py at start-up)
+startup.install()
+if startup.HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join([startup.HERE, *filter(None, [os.environ.get("PYTHONPATH")])])
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 
@@ -40,15 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The rank zygotes' import (HVD_MLFLOW_TEST_RANK_ZYGOTE=1) starts beside the first tests, if a test of this
-    session launches Horovod ranks or tf.distribute workers; a session without such tests starts none. A session
-    whose tests imported TensorFlow, with tf_keras installed, fits in-process on tf_keras as the processes it starts
-    do: without autograph converting tf_keras' own functions (tests/support/startup/sitecustomize.py)."""
-    import sys
-
+    session launches Horovod ranks or tf.distribute workers; a session without such tests starts none."""
     from tests.support.launch import prestart_rank_zygotes
-
-    if "tensorflow" in sys.modules and importlib.util.find_spec("tf_keras"):
-        startup.leave_tf_keras_unconverted()
 
     if any(item.get_closest_marker(name) for item in session.items for name in ("multirank", "tfdistribute")):
         prestart_rank_zygotes()
