@@ -77,6 +77,7 @@ def test_a_cut_fit_whose_callback_was_collected_still_ends_failed_at_exit(tmp_pa
     done = launch.run(tmp_path, ["--explicit-callback", "--epochs", "4", "--raise-at", "epoch-1-end",
                                  "--catch-and-collect"], env=env, horovodrun=False)  # fmt: skip
     assert done.returncode == 0, done.output[-3000:]
+    assert done.rank(0)["callback_collected"] == [True]  # the case under test: no callback left at exit
     [run] = runs_of(client, name)
     assert run.info.status == "FAILED"
     local = done.rank(0)["local"]

@@ -29,6 +29,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import horovod.tensorflow as hvd
@@ -385,8 +386,10 @@ def main() -> None:
             raise
         history = None
     if history is None:  # out of the except block: its traceback no longer holds fit's frames
+        ours = [weakref.ref(c) for c in callbacks if isinstance(c, hvd_mlflow.HorovodMlflowCallback)]
         callbacks.clear()  # a script that caught the error keeps no callback: nothing but the exit hook is left
         record["collected"] = gc.collect()
+        record["callback_collected"] = [r() is None for r in ours]
         save(args.out)
         return
     record["train_end_s"] = time.perf_counter() - record["_train_end_began"]  # autolog ends the fit after Keras'
