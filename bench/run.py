@@ -464,9 +464,12 @@ def main() -> None:
         work = Path(tmp)
         server = settled(MlflowServer(work / "server").start())
         reniced(server, args.server_nice)
+        seconds = results["seconds"] = {}  # each section's wall time (the server's start not counted)
+        lap = _Lap(seconds)
         try:
             if args.only == "memory":  # rank 0's RSS with the server down, and its slope check
                 results["memory"] = memory(server, quick, 100, work)
+                lap("memory")
                 raise _Done
             if args.only in (None, "small"):  # the worst case for per-epoch costs, by pairs, with its profile
                 seed = ["seed"] if seed_recipe_available() else []
@@ -477,16 +480,19 @@ def main() -> None:
                 if "hvd" in variants and "seed" in variants:  # the target, head to head: hvd-mlflow against it
                     results["small"] += paired(server, latencies, pairs, epochs, work, ["hvd"], args.threads,
                                                model="small", against="seed")  # fmt: skip
+                lap("small")
             if args.only == "small":
                 raise _Done
             if args.only in (None, "batches"):  # per-batch logging against epoch-only, by pairs
                 results["batches"] = per_batch(server, args.pairs or (1 if quick else 8), 3 if quick else 10, work,
                                                args.threads)  # fmt: skip
+                lap("batches")
             if args.only == "batches":
                 raise _Done
             if args.only in (None, "startup"):  # fresh jobs: fit() to the first epoch end, autolog()'s own time
                 results["startup"] = startup(server, [0.0] if quick else [0.0, 0.3], args.pairs or (1 if quick else 5),
                                              work, default_path=not quick)  # fmt: skip
+                lap("startup")
             if args.only == "startup":
                 raise _Done
             if args.only != "overhead":
@@ -495,20 +501,27 @@ def main() -> None:
                                               args.epochs or 5, work, args.variants or (["hvd"] if quick else None),
                                               args.threads, against=args.against)  # fmt: skip
                 results["epoch_cost_check"] = epoch_cost_check(results["realistic"])
+                lap("realistic")
                 if args.only is None or not args.variants:
                     results["divergence"] = divergence_cost(5 if quick else 30)
+                    lap("divergence")
             if args.only == "realistic":
                 raise _Done
             results["epochs"] = 10 if quick else 60
             # quick (CI): each section's code runs, on fewer variants; the per-epoch cost check is the realistic pairs'
             results["overhead"] = overhead(server, [0.0] if quick else [0.0, 0.1, 0.3], 1 if quick else 3,
                                            results["epochs"], work, ("none", "hvd") if quick else VARIANTS)  # fmt: skip
+            lap("overhead")
             if args.only == "overhead":
                 raise _Done
             results["batch_logging"] = batch_logging(server, 1 if quick else 3, 5 if quick else 20, work, not quick)
+            lap("batch_logging")
             results["reduction_us"] = reduction([10, 100] if quick else [10, 100, 1000], 5 if quick else 30, work)
+            lap("reduction")
             results["visibility"] = visibility(server, 5 if quick else 30, work)
+            lap("visibility")
             results["memory"] = memory(server, quick, 100, work)
+            lap("memory")
         except _Done:
             pass
         finally:
@@ -543,11 +556,25 @@ class _Done(Exception):
     """The sections asked for are done."""
 
 
+class _Lap:
+    """``lap(name)``: the wall time since the previous lap (or since this was made) is section ``name``'s."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        self.seconds, self.last = seconds, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(now - self.last, 1)
+        self.last = now
+
+
 def report(results: dict) -> None:
     env = results["environment"]
     print(f"\n== hvd-mlflow benchmark ({results['mode']}): TF {env['tensorflow']}, {env['keras']}, {env['cpus']} CPUs")
     if results.get("server_nice"):
         print(f"   (the MLflow server at nice {results['server_nice']})")
+    if results.get("seconds"):
+        print("   seconds per section: " + ", ".join(f"{name} {s:.0f}" for name, s in results["seconds"].items()))
     for section in ("realistic", "small"):
         if results.get(section):
             print(f"{section} model, by pairs in one job:")
