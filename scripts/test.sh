@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Set up the support matrix's four rows (from nothing if needed; docs/support-matrix.md) and run every test:
+# Set up the support matrix's five rows (from nothing if needed; docs/support-matrix.md) and run every test:
 #   ruff, then pytest once per row: "plain MLflow, newest" (TF 2.18 + Keras 3.15, MLflow 3.17, no AzureML plugin),
 #   "AzureML today" (TF 2.16 + tf_keras with TF_USE_LEGACY_KERAS=1, MLflow 3.15 + azureml-mlflow), "oldest
 #   supported" (TF 2.15 + Keras 2, MLflow 2.12 + azureml-mlflow 1.56, Python 3.10), "tf.distribute, newest TensorFlow"
-#   (TF 2.21 + tf_keras, no Horovod, MLflow 3.15 + azureml-mlflow: the tf.distribute engine's tests only). Extra
-#   arguments go to pytest.
+#   (TF 2.21 + tf_keras, no Horovod, MLflow 3.15 + azureml-mlflow: the tf.distribute engine's tests only), "Keras 3 on
+#   JAX" (no TensorFlow: the JAX engine's tests only). Extra arguments go to pytest.
 #
 #   scripts/test.sh --quick [pytest args]   # a contributor's inner loop: ruff, then the unit and single-process tests
 #                                            # of the primary row (AzureML's, .venv) only, in a few minutes
@@ -27,7 +27,7 @@ fi
 start=$(date +%s)
 export HVD_MLFLOW_SUITE="$$-$start"  # marks every process the suite starts (checked at the end)
 
-# The four rows are set up side by side: a row's downloads and pip installs wait on the network and the disk, its
+# The rows are set up side by side: a row's downloads and pip installs wait on the network and the disk, its
 # Horovod compile (three rows) on the CPU, and one compile alone leaves a core idle in its single-threaded steps.
 # Apt runs one at a time (setup-env.sh and the chromium install below share a lock). Each row keeps its own output,
 # shown once it is done.
@@ -108,9 +108,9 @@ run_suite() {  # label python markers [VAR=value...] (phases=alone: the row has 
 # where it has not (oldest). The oldest row shares the AzureML row's Keras 2 flavour: of the multi-rank tests it runs
 # those marked "oldest" (exact values, Horovod's own callbacks, which only work on TF 2.15, model logging with MLflow
 # 2.12, elastic with TF 2.15's own tf.keras) and the plugin path with its old azureml-mlflow; its unit and
-# single-process tests all (MLflow 2.12's client and server). Every row forks each rank of a test's job (a Horovod
-# rank, a tf.distribute worker on this host) from an interpreter that imported TensorFlow once
-# (tests/support/rank_zygote.py): without it, every rank of each of a row's jobs imports TensorFlow anew.
+# single-process tests all (MLflow 2.12's client and server). The three Horovod rows fork each rank of a test's job
+# (and a one-process job) from an interpreter that imported TensorFlow once (tests/support/rank_zygote.py): without
+# it, every rank of each of a row's jobs imports TensorFlow anew.
 zygotes=HVD_MLFLOW_TEST_RANK_ZYGOTE=1
 run_suite newest "$venv_newest/bin/python" "not multinode and not mpirun and not azureml and not tfdistribute and not jax" \
   TF_USE_LEGACY_KERAS=0 "$zygotes"

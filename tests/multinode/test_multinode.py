@@ -290,8 +290,7 @@ def test_rehearsal_of_the_azureml_job_yaml():
     the YAML's variables, the real plugin): the job's run holds one point per epoch of the example's curves.
 
     The YAML's ``PYTHONPATH=.`` leaves out the suite's start-up module (tests/support/startup): the ranks convert
-    tf_keras with autograph, as AzureML's TF 2.16 users' do, so the first epoch outlasts the sender's start-up delay
-    (``START_AFTER_S``): the only test of that regime end to end."""
+    tf_keras with autograph, as AzureML's TF 2.16 users' do (a first epoch of 10 s or more)."""
     require_cluster()  # the script makes a cluster of its own
     script = REPO / "scripts" / "rehearse-azureml-job.sh"
     done = subprocess.run([str(script), "--input", "epochs=2"], cwd=REPO, env=clean_environment(),

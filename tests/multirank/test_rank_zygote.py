@@ -1,4 +1,5 @@
-"""The suite's rank zygotes (tests/support/rank_zygote.py): a forked rank is what a fresh ``python worker.py`` is.
+"""The suite's rank zygotes (tests/support/rank_zygote.py): a forked rank is what a fresh ``python worker.py`` is
+(but for the zygote's frozen import-time objects, which rank_zygote.py's docstring names).
 
 Each check compares with what the launcher and the client see from outside (pids, /proc, the exit status, the
 output horovodrun collected), not with what the zygote says of itself.
