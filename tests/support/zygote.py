@@ -6,8 +6,8 @@ start, OpenBLAS' pool and jemalloc's, have fork handlers). Each
 script runs in a child forked from it, as its own process: its own working directory, environment, stdout/stderr,
 ``__main__``, exit code, and a normal interpreter exit (threads joined, ``atexit`` hooks run). What a child does
 (``hvd.init()``, ``hvd_mlflow.autolog()``, MLflow's import) cannot reach the next one. Only the modules' import
-itself is shared (and what the zygote's start-up did to it: :data:`FROZEN`, tests/support/startup), so a script that
-needs an environment variable read at TensorFlow's import must not run here.
+itself is shared (with what the zygote did to it: the freeze, FROZEN below; tests/support/startup's rule), so a script
+that needs an environment variable read at TensorFlow's import must not run here.
 
     with Zygote(env) as zygote:
         code, output = zygote.run(script, cwd=workdir, env=env, timeout=900)

@@ -30,7 +30,8 @@ def install() -> None:
     config = sys.modules.get(CONFIG)
     if config is not None:
         _leave_tf_keras_unconverted(config)
-    elif not any(type(finder).__name__ == _WhenConfigIsImported.__name__ for finder in sys.meta_path):  # any copy
+    # by name: the copy imported at start-up (sitecustomize) and tests/conftest.py's are two modules
+    elif not any(type(finder).__name__ == _WhenConfigIsImported.__name__ for finder in sys.meta_path):
         sys.meta_path.insert(0, _WhenConfigIsImported())
 
 
