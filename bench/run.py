@@ -464,8 +464,7 @@ def main() -> None:
         work = Path(tmp)
         server = settled(MlflowServer(work / "server").start())
         reniced(server, args.server_nice)
-        seconds = results["seconds"] = {}  # each section's wall time (the server's start not counted)
-        lap = _Lap(seconds)
+        lap = _Lap(results.setdefault("seconds", {}))  # each section's wall time (the server's start not counted)
         try:
             if args.only == "memory":  # rank 0's RSS with the server down, and its slope check
                 results["memory"] = memory(server, quick, 100, work)

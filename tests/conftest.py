@@ -17,11 +17,7 @@ os.environ.setdefault("HVD_MLFLOW_LOG_MODELS", "0")  # the model tests turn it o
 if importlib.util.find_spec("tensorflow") is None:
     _OWN = ("jax", "support", "workers", "__pycache__")
     collect_ignore_glob = [f"{f.name}/*" for f in Path(__file__).parent.iterdir() if f.is_dir() and f.name not in _OWN]
-# test speed: tf_keras unconverted by autograph in this process and in those it starts whose environment comes from
-# this one (they import tests/support/startup/sitecustomize.py at start-up)
-startup.install()
-if startup.HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join([startup.HERE, *filter(None, [os.environ.get("PYTHONPATH")])])
+startup.for_session()  # test speed: tf_keras unconverted by autograph here and in the processes this one starts
 ARTIFACTS = Path(os.environ.get("HVD_MLFLOW_TEST_ARTIFACTS", Path(__file__).resolve().parent.parent / "test-artifacts"))
 
 

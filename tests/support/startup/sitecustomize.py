@@ -7,10 +7,11 @@ Keras 2 and TF 2.18 has for tf_keras; hvd-mlflow's own functions are traced with
 it changes in a test: the user code tf_keras' train step calls (an optimizer's ``apply_gradients``, as in
 examples/train_cnn.py) is traced without autograph's conversion, as on TF 2.15 and 2.18.
 
-tests/conftest.py puts this folder first on the session's ``PYTHONPATH``, so a process whose environment comes from
-the session's (tests/support/environment.py) imports this module at start-up (Python's ``sitecustomize``), and
-installs the rule in the session's own process (:func:`install`). A command that sets ``PYTHONPATH`` itself (the
-AzureML job YAMLs' ``PYTHONPATH=.``, so the rehearsals: what AzureML's TF 2.16 users get) runs without it.
+The test session (tests/conftest.py, :func:`for_session`) installs the rule in its own process and puts this folder
+first on its ``PYTHONPATH``, so a process whose environment comes from the session's (tests/support/environment.py)
+imports this module at start-up (Python's ``sitecustomize``), which installs it there. A command that sets
+``PYTHONPATH`` itself (the AzureML job YAMLs' ``PYTHONPATH=.``, so the rehearsals: what AzureML's TF 2.16 users get)
+runs without it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,15 @@ from types import ModuleType
 
 CONFIG = "tensorflow.python.autograph.core.config"
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def for_session() -> None:
+    """The test session's: the rule in its own process, and in each process it starts whose environment comes from
+    its own (this folder first on ``PYTHONPATH``)."""
+    install()
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if HERE not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([HERE, *paths])
 
 
 def install() -> None:
