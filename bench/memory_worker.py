@@ -40,7 +40,7 @@ def main() -> None:
     dest = Destination(dead_uri, run_id, None, None, job_mode=False)
     run_logger = RunLogger(dest, journal_dir)
     rss_before_import = process.memory_info().rss
-    run_logger.start()  # its sender keeps trying the dead server meanwhile, as in a real outage
+    run_logger.sender.start()  # its sender keeps trying the dead server meanwhile, as in a real outage
     names = [f"m{i:03d}" for i in range(metrics)]
 
     def journal(epoch: int) -> float:
@@ -51,7 +51,7 @@ def main() -> None:
         return time.perf_counter() - began
 
     appending = journal(0)
-    run_logger.wait_for_run(IMPORT_WAIT_S)  # as the callback after the first epoch's commit: the sender wakes
+    run_logger.sender.wait_for_run(IMPORT_WAIT_S)  # as the callback after the first epoch's commit: the sender wakes
     # the sender opened the run (known here: no request), so MLflow is imported (private: a bench)
     assert run_logger.sender._run_opened.is_set(), f"the sender did not import MLflow in {IMPORT_WAIT_S:.0f} s"
     rss = array.array("d", bytes(8 * epochs))

@@ -11,7 +11,7 @@ import time
 import horovod.tensorflow as hvd
 import numpy as np
 
-from hvd_mlflow.every_rank.aggregate import Reducer
+from hvd_mlflow.every_rank.aggregate import Part, Reducer
 from hvd_mlflow.every_rank.collectives import Horovod
 
 
@@ -29,12 +29,12 @@ def main() -> None:
         values = {f"metric_{i:04d}": float(i + hvd.rank()) for i in range(count)}
         timings: dict[str, list[float]] = {"fused": [], "per_key": []}
         for method in ("fused", "per_key", "fused", "per_key"):  # warm-up rounds, then measure below
-            (reducer.reduce(values, "bench") if method == "fused" else per_key(values))
+            (reducer.reduce_all([Part(values)], "bench") if method == "fused" else per_key(values))
         for _ in range(repeats):
             for method in ("fused", "per_key"):
                 hvd.allreduce(np.zeros(1), name="bench.barrier")
                 start = time.perf_counter()
-                out = reducer.reduce(values, "bench").values if method == "fused" else per_key(values)
+                out = reducer.reduce_all([Part(values)], "bench")[0].values if method == "fused" else per_key(values)
                 timings[method].append((time.perf_counter() - start) * 1e6)
                 assert abs(out["metric_0000"] - 0.5) < 1e-12
         results[count] = {m: statistics.median(t) for m, t in timings.items()}

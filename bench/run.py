@@ -200,7 +200,7 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
     client = MlflowClient(server.url)
     run_id = client.create_run(client.create_experiment(f"bench-vis-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(server.url, run_id, None, None, False), work / "vis-journal")
-    run_logger.start()
+    run_logger.sender.start()
     delays = []
     for step in range(samples):
         start = time.perf_counter()
@@ -211,7 +211,7 @@ def visibility(server: MlflowServer, samples: int, work: Path) -> dict:
             time.sleep(0.005)
         delays.append(time.perf_counter() - start)
         time.sleep(0.05)
-    run_logger.close("FINISHED", deadline=time.monotonic() + 30)
+    run_logger.sender.close("FINISHED", deadline=time.monotonic() + 30)
     return {"median_s": statistics.median(delays), "max_s": max(delays), "samples": samples}
 
 

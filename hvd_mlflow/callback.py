@@ -24,15 +24,15 @@ The decisions that choose which collectives a rank calls, each the same on every
   collective: a difference raises on every rank (:mod:`hvd_mlflow.every_rank.aggregate`).
 * nothing else: rank 0's journal, sender, server answers, clock and files never decide a collective.
 
-The class is in four parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.every_rank.epoch_exchange`
-what rides in the epoch's collective (every rank); :mod:`hvd_mlflow.rank_zero.steps` what rank 0 alone does (each part
-inside the guard); :mod:`hvd_mlflow.every_rank.fit_arguments` what autolog hands over from ``fit``'s arguments and
-each rank's train-begin proposal (every rank). :mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan and builds
-its batch clock.
+The class is in three parts: this module has the Keras hooks (every rank); :mod:`hvd_mlflow.every_rank.epoch_exchange`
+what rides in the collectives (every rank), with what autolog hands over from ``fit``'s arguments and each rank's
+train-begin proposal; :mod:`hvd_mlflow.rank_zero.steps` what rank 0 alone does (each part inside the guard).
+:mod:`hvd_mlflow.every_rank.fit_plan` agrees the fit's plan and builds its batch clock.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -42,12 +42,10 @@ from ._log import set_silent
 from .common import dependencies, topology
 from .config import Options
 from .delivery import destination
-from .delivery.folder_artifacts import FolderUpload
-from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, run_params, shards, tracing
-from .every_rank.aggregate import Part, Reducer, numeric_entries, write_back
-from .every_rank.batch_steps import BatchClock, PendingBatches, logged_batches_per_collective
+from .every_rank import collectives, elastic, fit_plan, keras_flavour, metric_state, run_params, tracing
+from .every_rank.aggregate import Part, Reducer, numeric_entries
+from .every_rank.batch_steps import BatchClock, logged_batches_per_collective
 from .every_rank.epoch_exchange import EpochExchange
-from .every_rank.fit_arguments import FitArguments
 from .every_rank.later_fits import Offsets
 from .every_rank.names import NameMap
 from .every_rank.system_metrics import SystemSampler
@@ -55,10 +53,8 @@ from .rank_zero.guard import RankZeroGuard
 from .rank_zero.run_logger import RunLogger
 from .rank_zero.steps import RankZeroSteps
 
-_concrete_classes: dict[str, type] = {}
 
-
-class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
+class HorovodMlflowCallback(EpochExchange, RankZeroSteps):
     """Make Keras' epoch metrics global over all Horovod ranks and log them to MLflow from rank 0.
 
     Put it FIRST in ``callbacks`` on every rank: at each epoch end it replaces every numeric entry of the
@@ -118,11 +114,8 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
         self.run_id: str | None = None
         self._captured_run_id = run_id or destination.run_id_from_environment()
         self._elastic = elastic.ElasticSession(elastic_state) if elastic_state is not None else None
-        self._batch_size: int | None = None
-        self._folders: tuple[FolderUpload, ...] = ()  # autolog's TensorBoard folders (rank 0)
+        self._set_fit_arguments(batch_size=None)  # none yet: autolog hands them over before each fit
         self._ends_after_fit = False  # autolog's: its wrapper ends the fit once Keras' fit has returned
-        self._empty_shards: tuple[str, ...] = ()  # this rank's, from fit's arguments (autolog)
-        self._batches = shards.Batches()  # this rank's, from fit's arguments (autolog)
         self._comm: collectives.Collectives = collectives.Solo()
         self._rank0 = RankZeroGuard(logging_off=self._stop_logging)
         self._run_logger: RunLogger | None = None  # rank 0 only, while logging
@@ -137,7 +130,10 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
         )
         self._metric_names = NameMap(what="metric", warn=self._comm.rank == 0)
         self._clock = BatchClock(0, self.options.log_every_n_steps)
-        self._pending = PendingBatches()
+        # every rank's logged batches whose global values are not known yet, until ``_per_collective`` of them are
+        # there (then one collective reduces them all) or the epoch ends (they ride in its collective)
+        self._pending: list[tuple[int, int, Part]] = []  # (step, timestamp_ms, part), oldest first
+        self._per_collective = 1
         self._train_state: metric_state.MetricState | None = None
         self._train_samples = 0.0  # reduction="mean": this rank's training samples, kept before validation
         self._not_additive: set[str] | None = None  # result keys of metrics whose state does not add up
@@ -188,13 +184,13 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
             self._elastic.agreed_run(plan.run_id, plan.owns_run)
             self._elastic.agreed_params(plan.params, run_params.hosts_tag(plan.hosts))
         self._clock = fit_plan.batch_clock(plan, self.model, warn=self._comm.rank == 0)
-        self._pending = PendingBatches(logged_batches_per_collective(self._clock.every))  # alike on every rank
+        self._per_collective = logged_batches_per_collective(self._clock.every)  # from the agreed interval
         if self.options.system_metrics:  # every rank samples its own process
             self._sampler = SystemSampler(topology.current().local_rank)
             self._sampler.start()
         if self._logging:
             with self._rank0.step("starting the sender"):  # without it the journal still keeps everything, for sync
-                self._run_logger.start()
+                self._run_logger.sender.start()
             if self._elastic is not None and self._elastic.link.params and self._params_logged:  # the same values
                 with self._rank0.step("the params again, after the reset"):  # the old rank 0 may not have sent them
                     self._log_params(epoch=None)
@@ -212,13 +208,15 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
         step = self._clock.after_batch(batch)
         if step is None:
             return
-        part = Part(numeric_entries(logs or {}), tuple(self._batch_states()),
+        part = Part(numeric_entries(logs or {}), tuple(self._epoch_states()),
                     not_additive=frozenset(self._not_additive_keys()))  # fmt: skip
-        if not self._pending.add(self._offsets.batch(step), int(time.time() * 1000), part):
+        self._pending.append((self._offsets.batch(step), int(time.time() * 1000), part))
+        if len(self._pending) < self._per_collective:
             return  # kept (this rank's own values stay in logs): reduced with the next collective
-        kept = self._pending.take()
+        kept, self._pending = self._pending, []
         results = self._reducer.reduce_all([part for _, _, part in kept], tag="batch")  # one collective
-        write_back(logs if logs is not None else {}, results[-1].values)  # global at the batch the collective ran
+        if logs is not None:  # global at the batch the collective ran
+            logs.update(results[-1].values)
         points = self._batch_points(kept, results)
         if self._logging:
             with self._rank0.step("journaling batch values", essential=True):  # synced by the epoch's commit
@@ -250,18 +248,13 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is None:
             return
-        kept = self._pending.take()  # the logged batches not reduced yet ride in the epoch's collective
-        reduced = self._reducer.reduce(
-            numeric_entries(logs),
-            tag="epoch",
-            states=self._epoch_states(),
-            carry=self._epoch_carry(),
-            not_additive=self._not_additive_keys(),
-            before=[part for _, _, part in kept],
-        )
-        write_back(logs, reduced.values)
+        kept, self._pending = self._pending, []  # the logged batches not reduced yet ride in the epoch's collective
+        states, carry = tuple(self._epoch_states()), self._epoch_carry()
+        part = Part(numeric_entries(logs), states, carry, frozenset(self._not_additive_keys()))
+        *before, reduced = self._reducer.reduce_all([*(p for _, _, p in kept), part], tag="epoch")  # one collective
+        logs.update(reduced.values)  # later callbacks see the global values
         self._learn_run_id(reduced)
-        batch_points = self._batch_points(kept, reduced.before)
+        batch_points = self._batch_points(kept, before)
         rank0_step = reduced.carried.get("rank0_step", math.nan)
         if math.isfinite(rank0_step):  # agreed by every rank: the batch count never drifts from the optimizer
             self._clock.anchor(int(rank0_step))
@@ -308,13 +301,11 @@ class HorovodMlflowCallback(EpochExchange, RankZeroSteps, FitArguments):
         self._hand_over()
 
 
+@functools.cache
 def _concrete_class(flavour: str) -> type:
     """``HorovodMlflowCallback`` on top of ``flavour``'s ``Callback`` base class (made once per flavour)."""
-    if flavour not in _concrete_classes:
-        base = keras_flavour.callback_base(flavour)
-        _concrete_classes[flavour] = type(
-            "HorovodMlflowCallback",
-            (HorovodMlflowCallback, base),
-            {"_flavour": flavour, "__module__": __name__, "__doc__": HorovodMlflowCallback.__doc__},
-        )
-    return _concrete_classes[flavour]
+    return type(
+        "HorovodMlflowCallback",
+        (HorovodMlflowCallback, keras_flavour.callback_base(flavour)),
+        {"_flavour": flavour, "__module__": __name__, "__doc__": HorovodMlflowCallback.__doc__},
+    )

@@ -16,6 +16,8 @@ from typing import Any
 ENV_PREFIX = "HVD_MLFLOW_"
 REDUCTIONS = ("exact", "weighted", "mean")
 RESUME_POLICIES = ("skip", "log")
+_BOOLEANS = {**dict.fromkeys(("1", "true", "yes", "on"), True), **dict.fromkeys(("0", "false", "no", "off"), False)}
+COLLECTIVE = ("reduction", "log_every_n_steps", "rank_spread", "check_divergence", "system_metrics")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +116,7 @@ class Options:
                 raise ValueError(f"{name}={getattr(options, name)}: give 0 (off) or a positive number")
         spread = options.rank_spread
         spread = _split(spread) if isinstance(spread, str) else tuple(str(key) for key in spread)
-        options = dataclasses.replace(options, rank_spread=spread)
-        return options
+        return dataclasses.replace(options, rank_spread=spread)
 
     @classmethod
     def for_callback(cls, **given: Any) -> Options:
@@ -126,20 +127,15 @@ class Options:
             if given:
                 raise TypeError(f"give options= or option values, not both ({', '.join(sorted(given))})")
             return resolved
-        autolog_only = sorted(set(given) & (_field_names(AutologOptions) - _field_names(Options)))
+        autolog = {field.name for field in dataclasses.fields(AutologOptions)}
+        autolog_only = sorted(set(given) & (autolog - {field.name for field in dataclasses.fields(Options)}))
         if autolog_only:
             raise TypeError(f"{', '.join(autolog_only)}: an option of hvd_mlflow.autolog() only")
         return cls.resolve(**given)
 
     def collective(self) -> tuple[tuple[str, Any], ...]:
         """The options that decide which collectives every rank runs: ranks must agree on them."""
-        return (
-            ("reduction", self.reduction),
-            ("log_every_n_steps", self.log_every_n_steps),
-            ("rank_spread", self.rank_spread),
-            ("check_divergence", self.check_divergence),
-            ("system_metrics", self.system_metrics),
-        )
+        return tuple((name, getattr(self, name)) for name in COLLECTIVE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +162,6 @@ class AutologOptions(Options):
     tensorboard_per_rank: bool = False
 
 
-def _field_names(cls: type) -> set[str]:
-    return {field.name for field in dataclasses.fields(cls)}
-
-
 def environment_value(name: str, environ: Mapping[str, str] = os.environ) -> str | None:
     """The raw ``HVD_MLFLOW_<NAME>`` variable of option ``name`` (``None`` when unset or empty)."""
     return environ.get(ENV_PREFIX + name.upper()) or None
@@ -185,15 +177,11 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind.startswith("tuple"):
             return _split(raw)
         if kind.startswith("bool"):
-            if raw.strip().lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.strip().lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
+            return _BOOLEANS[raw.strip().lower()]
         if kind.startswith("Mapping"):
             pairs = (item.split("=", 1) for item in raw.split(",") if item.strip())
             return {k.strip(): v.strip() for k, v in pairs}
-    except ValueError:
+    except (ValueError, KeyError):
         raise ValueError(
             f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind}; unset it or give a valid value"
         ) from None

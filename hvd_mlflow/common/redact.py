@@ -28,19 +28,11 @@ def mask_uri(uri: str) -> str:
     return _SECRET_QUERY.sub(r"\1" + MASK, uri)
 
 
-def secret_values(environ: Mapping[str, str] = os.environ) -> list[str]:
-    """Values of environment variables whose names say they are secrets (long enough to matter)."""
-    return sorted(
-        {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= 6},
-        key=len,
-        reverse=True,
-    )
-
-
 def redact(text: str, environ: Mapping[str, str] = os.environ) -> str:
     """``text`` with credentials in URIs and the values of secret environment variables masked."""
     text = _USERINFO.sub(lambda m: m.group("scheme") + MASK + "@", text)
     text = _SECRET_QUERY.sub(r"\1" + MASK, text)
-    for value in secret_values(environ):
+    secrets = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= 6}  # long enough to matter
+    for value in sorted(secrets, key=len, reverse=True):  # the longest first: one may contain another
         text = text.replace(value, MASK)
     return text

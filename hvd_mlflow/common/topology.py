@@ -41,7 +41,6 @@ class TfCluster:
 
     rank: int  # among the training tasks, in tf.distribute's order (chief 0); others (evaluator, ps) rank after them
     size: int  # training tasks: chiefs and workers
-    task_type: str
     parameter_servers: bool  # a ParameterServerStrategy cluster: only its coordinator (the chief) runs fit
 
 
@@ -68,7 +67,7 @@ def tf_cluster(environ: Mapping[str, str] = os.environ) -> TfCluster | None:
         task_type = str(task.get("type", "worker"))
         rank = rank_in_cluster(cluster, task_type, int(task.get("index", 0)))
         size = sum(len(cluster.get(kind, [])) for kind in TRAINING_TASKS)
-        return TfCluster(rank, max(size, 1), task_type, bool(cluster.get("ps")))
+        return TfCluster(rank, max(size, 1), bool(cluster.get("ps")))
     except (ValueError, TypeError, AttributeError):
         return None
 

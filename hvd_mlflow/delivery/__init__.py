@@ -2,10 +2,10 @@
 thread's critical path.
 
 The durable journal (:mod:`.journal`), the sender thread (:mod:`.sender`) and the uploader that turns journal
-entries into requests (:mod:`.uploader`: the run's creation and end :mod:`.run_lifecycle`, a refused entry's
-isolation :mod:`.isolation`, AzureML's budgets :mod:`.metric_names`, :mod:`.over_budget_csv`,
-:mod:`.params_tags`, resuming :mod:`.resuming`, the server's answers :mod:`.server_answers`, with the limits
-:mod:`.limits`, :mod:`.metric_budget`, :mod:`.batching` and what a run holds :mod:`.run_contents`), where to log
+entries into requests (:mod:`.uploader`: the run's creation, what it holds and its end :mod:`.run_lifecycle`, a
+refused entry's isolation :mod:`.isolation`, AzureML's budgets :mod:`.metric_names`,
+:mod:`.params_tags`, the server's answers :mod:`.server_answers`, with the limits
+:mod:`.limits`, :mod:`.metric_budget`, :mod:`.batching`), where to log
 (:mod:`.destination`), which files of a folder become artifacts (:mod:`.folder_artifacts`), and the user's own
 MLflow calls on every rank: rank 0's pass, the others get MLflow's entities without a request
 (:mod:`.mlflow_calls`, :mod:`.stand_ins`).

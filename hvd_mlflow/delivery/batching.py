@@ -42,21 +42,16 @@ def metric_requests(
     """Requests that deliver ``records`` in order, within the limits."""
     points: list[tuple[str, float, int, int]] = []
     completes = 0
-    records_in_request = 0
     for record in records:
         items = [(k, float(v), record.timestamp_ms, record.step) for k, v in record.metrics.items()]
-        if points and (len(points) + len(items) > max_metrics or records_in_request >= max_values_per_key):
+        if points and (len(points) + len(items) > max_metrics or completes >= max_values_per_key):
             yield MetricsRequest(points, completes)
-            points, completes, records_in_request = [], 0, 0
-        while len(items) > max_metrics:  # one record over the limit on its own: send it in slices
-            if points:
-                yield MetricsRequest(points, completes)
-                points, completes, records_in_request = [], 0, 0
+            points, completes = [], 0
+        while len(items) > max_metrics:  # one record over the limit on its own (points is empty): in slices
             yield MetricsRequest(items[:max_metrics], 0)
             items = items[max_metrics:]
         points.extend(items)
         completes += 1
-        records_in_request += 1
     if points or completes:
         yield MetricsRequest(points, completes)
 

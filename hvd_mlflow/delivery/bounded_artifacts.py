@@ -34,13 +34,6 @@ class DeadlinePassed(Exception):
     """The moment a request had to end by came before it could start."""
 
 
-def repository(artifact_uri: str) -> Any:
-    """MLflow's artifact repository for ``artifact_uri`` (the run's, or a logged model's location)."""
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-    return get_artifact_repository(artifact_uri)
-
-
 def put(repo: Any, local_file: Path, artifact_dir: str | None, end: float) -> None:
     """Store ``local_file`` as ``artifact_dir/<its name>`` in ``repo``; over HTTP the request ends by ``end``."""
     timeout = _timeout(end)

@@ -78,5 +78,4 @@ def files(folder: Path, profile: bool, only: Iterable[str] | None = None) -> lis
 
 
 def _under_profile(parts: tuple[str, ...]) -> bool:
-    size = len(PROFILE_DIR)
-    return any(parts[i : i + size] == PROFILE_DIR for i in range(len(parts) - size + 1))
+    return f"/{'/'.join(PROFILE_DIR)}/" in f"/{'/'.join(parts)}/"  # PROFILE_DIR's parts, one after the other

@@ -18,8 +18,8 @@ epoch end (the first journal entry with epoch values), by whoever uploads the jo
 as a metric: its values go to a CSV artifact, and one warning names them all.
 
 The user may log names of their own later (a callback's score, a test score after ``fit``): hvd-mlflow's optional
-names (rank spread, batch curves, system metrics) never take the last tenth of the places
-(:func:`user_reserve`), less the user's names already known. And the run never passes its limit whoever logs:
+names (rank spread, batch curves, system metrics) never take the last tenth of the places, less the user's names
+already known. And the run never passes its limit whoever logs:
 :class:`RunNames` is this process's one record of the names a run holds, shared by the sender's budget and the
 user's own calls on rank 0 (:mod:`hvd_mlflow.delivery.mlflow_calls`), which admit a new user name only while a place
 is left (else its values go to a CSV artifact too).
@@ -30,11 +30,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-EXTRAS = ("learning_rate", "epoch_time_s", "samples_per_s")  # what hvd-mlflow adds to every epoch
+# what hvd-mlflow adds to every epoch, and the divergence check's metric
+EXTRAS = ("learning_rate", "epoch_time_s", "samples_per_s", "weights_rank_spread")
 SPREAD_SUFFIXES = ("_rank_min", "_rank_max")
 BATCH_PREFIX = "batch/"
 SYSTEM_PREFIX = "system/"
-DIVERGENCE = ("weights_rank_spread",)  # the divergence check's metric: with the extras
 KERAS, VAL, USER, OURS, SPREAD, BATCH, SYSTEM = range(7)
 
 
@@ -48,21 +48,11 @@ def rank_of(name: str, user_names: Iterable[str] = ()) -> int:
         return SYSTEM
     if name.endswith(SPREAD_SUFFIXES):
         return SPREAD
-    if name in EXTRAS or name in DIVERGENCE:
+    if name in EXTRAS:
         return OURS
     if name.startswith("val_"):
         return VAL
     return KERAS
-
-
-def is_epoch_name(name: str) -> bool:
-    """Whether a name comes with epoch values (the budget is settled at the first of them)."""
-    return not name.startswith(BATCH_PREFIX)
-
-
-def user_reserve(limit: int | None) -> int:
-    """How many places hvd-mlflow's optional names leave for the names the user logs later: a tenth of the limit."""
-    return (limit or 0) // 10
 
 
 class RunNames:
@@ -128,18 +118,18 @@ class MetricBudget:
         limit: int | None,
         existing: Iterable[str] = (),
         user_names: Iterable[str] = (),
-        settled: bool = True,
         names: RunNames | None = None,
     ) -> None:
         self.limit = limit
         self._user = set(user_names)
-        self._names = names if names is not None else RunNames(limit)  # shared with the user's calls (rank 0)
-        self._names.limit = limit
+        # shared with the user's calls (rank 0): run_names(run_id, limit), which sets its limit
+        self._names = names if names is not None else RunNames(limit)
         with self._names.lock:
             self._names.names.update(set(existing) | self._user)  # the run holds them, or the user logs them
-        self._reserve = max(0, user_reserve(limit) - len(self._user))  # places the optional names leave free
+        # places hvd-mlflow's optional names leave free for the names the user logs later: a tenth of the limit
+        self._reserve = max(0, (limit or 0) // 10 - len(self._user))
         self.over: list[str] = []
-        self.settled = limit is None and settled
+        self.settled = limit is None  # else at settle()
 
     def settle(self, names: Iterable[str]) -> None:
         """Give the room left to ``names`` in priority order (stable within a rank of the order). A ``batch/<key>``
@@ -154,8 +144,7 @@ class MetricBudget:
         """Whether ``name`` is logged as a metric (placing a name not seen yet, while room is left)."""
         if self.limit is None or name in self._names.names:
             return True
-        if name not in self.over:
-            self._place(name)
+        self._place(name)
         return name in self._names.names
 
     def _place(self, name: str) -> None:

@@ -53,8 +53,7 @@ CLIENT_WRITE_PREFIXES = (
     "log_", "set_", "create_", "delete_", "update_", "rename_", "restore_", "finalize_", "link_", "unlink_",
     "transition_", "register_", "detach_", "add_", "remove_", "copy_", "refresh_", "end_", "start_",
 )  # fmt: skip
-CLIENT_PRIVATE_WRITES = ("_create_model_version",)  # mlflow.register_model's own way to a new version
-# MlflowClient methods that read: given a stand-in's unknown id (stand_ins.UNKNOWN_*), they raise at once.
+# MlflowClient methods that read: given a stand-in's unknown id (stand_ins.unknown), they raise at once.
 CLIENT_READ_PREFIXES = ("get_", "search_", "list_", "download_", "load_")
 
 _originals: list[tuple[object, str, Any]] = []
@@ -113,35 +112,24 @@ def user_metric_names(run_id: str | None) -> list[str]:
     return list(_user_metrics.get(run_id or "", {}))
 
 
-def _note_user_metrics(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Note the metric names of a user's write, by run: every fluent write ends in one of the client's two
-    (``MlflowClient.log_metric(run_id, key, ...)``, ``MlflowClient.log_batch(run_id, metrics, ...)``)."""
-    if getattr(_local, "internal", False) or name not in _METRIC_WRITES:
-        return
-    try:
-        run_id = kwargs.get("run_id", args[1] if len(args) > 1 else None)
-        if name == "MlflowClient.log_metric":
-            keys = [kwargs.get("key", args[2] if len(args) > 2 else None)]
-        else:
-            keys = [m.key for m in kwargs.get("metrics", args[2] if len(args) > 2 else ()) or ()]
-        _user_metrics.setdefault(str(run_id), {}).update(dict.fromkeys(str(k) for k in keys if k is not None))
-    except Exception:  # noqa: BLE001 - noting names is a help to the budget, never a reason to fail the call
-        return
-
-
 _METRIC_WRITES = ("MlflowClient.log_metric", "MlflowClient.log_batch")  # where every fluent metric write ends
 
 
 def _within_run_budget(
     name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any], bool]:
-    """The user's own metric write on rank 0, into a run hvd-mlflow logs into here with a name limit (AzureML: 50):
-    a name new to the run goes through only while a place is left (metric_budget.RunNames, shared with the sender's
-    budget); the values of the others are not sent as metrics but kept in a CSV artifact, with one warning. Returns
-    the call's arguments without them, and whether nothing is left to send. Never raises: bookkeeping that fails lets
-    the call through as it was."""
+    """The user's own metric write on rank 0: its metric names are noted by run (:func:`user_metric_names`; every
+    fluent write ends in one of the client's two). Into a run hvd-mlflow logs into here with a name limit (AzureML:
+    50), a name new to the run goes through only while a place is left (metric_budget.RunNames, shared with the
+    sender's budget); the values of the others are not sent as metrics but kept in a CSV artifact, with one warning.
+    Returns the call's arguments without them, and whether nothing is left to send. Never raises: bookkeeping that
+    fails lets the call through as it was."""
     try:
         call = stand_ins.arguments(original, args, kwargs)
+        with contextlib.suppress(Exception):  # noting names is a help to the budget, never a reason to warn
+            keys = [call.get("key")] if name.endswith("log_metric") else [m.key for m in call.get("metrics") or ()]
+            noted = _user_metrics.setdefault(str(call.get("run_id")), {})
+            noted.update(dict.fromkeys(str(k) for k in keys if k is not None))
         names = metric_budget.known_run(str(call.get("run_id") or ""))
         if names is None or names.limit is None:
             return args, kwargs, False
@@ -191,7 +179,6 @@ def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn 
 
     def call(*args: Any, **kwargs: Any) -> Any:
         if _writes_here():
-            _note_user_metrics(name, args, kwargs)
             if name in _METRIC_WRITES and not getattr(_local, "internal", False):
                 args, kwargs, nothing_left = _within_run_budget(name, original, args, kwargs)
                 if nothing_left:
@@ -204,7 +191,7 @@ def _rank_zero_only(name: str, original: Callable[..., Any], elsewhere: StandIn 
 
 
 def _refuses_unknown_ids(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-    """``original``, but given a value of :data:`stand_ins.UNKNOWN_RUN_ID`'s kind it raises at once, on any rank."""
+    """``original``, but given a value of :func:`stand_ins.unknown`'s kind it raises at once, on any rank."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
         found = stand_ins.found_in((args, tuple(kwargs.values())))
@@ -277,12 +264,9 @@ def install(rank: int, run_id: str | None, job_mode: bool = False, guard_writes:
         register_post_import_hook(_guard_flavour_autolog, module_name, overwrite=False)
         if module_name in sys.modules:
             _guard_flavour_autolog(sys.modules[module_name])
-    if guard_writes:
-        _guard_writes(mlflow, run_id, job_mode)
-
-
-def _guard_writes(mlflow: Any, run_id: str | None, job_mode: bool) -> None:
-    """Every MLflow write on ranks other than 0 a no-op that returns what MLflow promises (stand_ins.py)."""
+    if not guard_writes:
+        return
+    # every MLflow write on ranks other than 0 a no-op that returns what MLflow promises (stand_ins.py)
     from mlflow.tracking import fluent
 
     job_run = stand_ins.job_run_id(run_id, job_mode)
@@ -350,7 +334,8 @@ def _guard_client() -> None:
 
     for name in dir(MlflowClient):
         original = getattr(MlflowClient, name)
-        if (name.startswith(CLIENT_WRITE_PREFIXES) or name in CLIENT_PRIVATE_WRITES) and callable(original):
+        # _create_model_version: mlflow.register_model's own way to a new version
+        if (name.startswith(CLIENT_WRITE_PREFIXES) or name == "_create_model_version") and callable(original):
             stand_in = stand_ins.CLIENT_RESULTS.get(name)
             _patch(MlflowClient, name, _rank_zero_only(f"MlflowClient.{name}", original, stand_in))
         elif name.startswith(CLIENT_READ_PREFIXES) and inspect.isfunction(inspect.getattr_static(MlflowClient, name)):

@@ -52,12 +52,8 @@ class Outcome:
 def upload_order(folder: Path) -> list[Path]:
     """The files of ``folder``: the model's entry files last (:data:`ENTRY_FILES`), the others first."""
     files = [p for p in folder.rglob("*") if p.is_file()]
-
-    def key(path: Path) -> tuple[int, str]:
-        rank = ENTRY_FILES.index(path.name) + 1 if path.name in ENTRY_FILES else 0
-        return rank, path.relative_to(folder).as_posix()
-
-    return sorted(files, key=key)
+    rank = {name: i + 1 for i, name in enumerate(ENTRY_FILES)}  # the others: 0
+    return sorted(files, key=lambda p: (rank.get(p.name, 0), p.relative_to(folder).as_posix()))
 
 
 class ModelUpload:
@@ -94,6 +90,7 @@ class ModelUpload:
 
     def _upload(self) -> None:
         from mlflow import MlflowClient
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
         client = MlflowClient()
         self._check()
@@ -104,9 +101,9 @@ class ModelUpload:
                                                params=dict(run.data.params) or None)  # fmt: skip
             self._model_id = model.model_id
             self._name_in_mlmodel(model.model_id, model.artifact_location)
-            repo, artifact_dir = bounded_artifacts.repository(model.artifact_location), None
+            repo, artifact_dir = get_artifact_repository(model.artifact_location), None
         else:
-            repo, artifact_dir = bounded_artifacts.repository(run.info.artifact_uri), ARTIFACT_PATH
+            repo, artifact_dir = get_artifact_repository(run.info.artifact_uri), ARTIFACT_PATH
         self._repo, self._run_folder = repo, artifact_dir
         for local in upload_order(self.folder):
             self._check()

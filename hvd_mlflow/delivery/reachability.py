@@ -44,10 +44,8 @@ def cannot_answer(tracking_uri: str | None, timeout: float = TIMEOUT_S) -> bool:
         from mlflow.tracking._tracking_service.utils import _get_store
         from mlflow.utils.rest_utils import http_request
 
-        get = getattr(_get_store(tracking_uri), "get_host_creds", None)
-        if not callable(get):
-            return False
-        answer = http_request(get(), PROBE_ENDPOINT, "GET", max_retries=0, timeout=timeout,
+        creds = _get_store(tracking_uri).get_host_creds()  # a store without any: AttributeError, proof of nothing
+        answer = http_request(creds, PROBE_ENDPOINT, "GET", max_retries=0, timeout=timeout,
                               raise_on_status=False, params={"experiment_id": "0"})  # fmt: skip
         return answer.status_code >= 500
     except Exception as error:  # noqa: BLE001 - a probe never raises: only a plain "no answer" is proof

@@ -5,21 +5,43 @@ create whose answer was lost); else a new one, tagged with that id. It is ended 
 training's outcome is known) once everything else is delivered. ``set_terminated`` is not used for that: it prints
 the run's URL, credentials included, from a background thread.
 
+What the run holds (:class:`RunContents`) is read once when the uploader attaches to it, then kept up to date as it
+sends: for resuming (``resume="skip"``: a point at or below its metric's last logged step is not sent again; a param
+equal to the logged one is not sent, a changed one goes to a JSON artifact) and for the per-run budgets of AzureML
+(the metric names and tags the run holds count against its 50 and 50).
+
 Used on rank 0's sender thread and by the command line (``hvd-mlflow sync``), never on the training thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .journal import Journal, JournalMeta
 from .limits import Limits
-from .run_contents import RunContents
 
 JOURNAL_ID_TAG = "hvd_mlflow.journal_id"
 DEFAULT_EXPERIMENT_ID = "0"
+
+
+@dataclasses.dataclass
+class RunContents:
+    last_steps: dict[str, int] = dataclasses.field(default_factory=dict)  # metric key -> its last step in the run
+    params: dict[str, str] = dataclasses.field(default_factory=dict)
+    tag_keys: set[str] = dataclasses.field(default_factory=set)
+    skip: bool = True  # resume="skip": nothing at or below a metric's last step is sent again
+
+    def sent(self, points: Iterable[tuple[str, float, int, int]]) -> None:
+        for key, _value, _timestamp, step in points:
+            self.last_steps[key] = max(step, self.last_steps.get(key, step))
+
+    def changed_params(self, params: dict[str, str]) -> dict[str, dict[str, str]]:
+        """Params whose value differs from the logged one (MLflow cannot change a param)."""
+        return {k: {"logged": self.params[k], "now": v} for k, v in params.items() if k in self.params
+                and self.params[k] != v}  # fmt: skip
 
 
 class RunLifecycle:
@@ -94,7 +116,9 @@ class RunLifecycle:
         limited = limits.metric_names_per_run is not None or limits.tags_per_run is not None
         if self.created_here or not (skip or limited):
             return RunContents(skip=skip)
-        return RunContents.read(self.client, run_id, skip)
+        data = self.client.get_run(run_id).data  # one get_run: the run's metrics (their last steps), params, tag keys
+        last_steps = {m.key: m.step for m in getattr(data, "_metric_objs", [])}
+        return RunContents(last_steps, dict(data.params), set(data.tags), skip)
 
     def finish(self, held_waiting: Callable[[], bool], send_held: Callable[[str], None]) -> bool:
         """Once every entry sent as it goes is delivered: send the held values (``send_held``), end the run if
@@ -121,9 +145,5 @@ def _end_run(client: Any, run_id: str, status: str) -> None:
     credentials included when the tracking URI carries them, from our background thread."""
     from mlflow.entities import RunStatus
 
-    end_time = int(time.time() * 1000)
-    store = getattr(getattr(client, "_tracking_client", None), "store", None)
-    if store is None:
-        client.set_terminated(run_id, status=status, end_time=end_time)
-    else:
-        store.update_run_info(run_id, RunStatus.from_string(status), end_time, None)
+    # every MlflowClient has it (the azureml-mlflow plugin's store too); the sender's wrapper passes it through
+    client._tracking_client.store.update_run_info(run_id, RunStatus.from_string(status), int(time.time() * 1000), None)

@@ -32,7 +32,8 @@ from . import mlflow_calls, reachability
 from .journal import LiveJournal
 from .journal.finding import JOB_DIRECTORY
 from .limits import Limits
-from .uploader import Uploader, http_status, is_permanent
+from .server_answers import http_status, is_permanent
+from .uploader import Uploader
 
 OPEN_AFTER_FAILURES = 3
 # At most about two uploads a second: epochs shorter than that are packed into one request instead of costing
@@ -122,8 +123,8 @@ class Sender:
         self._health = threading.Lock()
         self._call_since: float | None = None  # when the server call in flight began
         self._slowest_answer_s = 0.0  # the longest this sender waited for an answer (0: none yet)
-        self._answered = False  # the server answered a call (even with a refusal; a 5xx is no answer: no data taken)
-        self._answers = 0  # how many calls it answered
+        # how many calls the server answered (even with a refusal; a 5xx is no answer: no data taken)
+        self._answers = 0
         self._unreachable = False  # at the end of fit, the server could not answer (reachability.cannot_answer)
         self._probed_at = float("-inf")  # when the end of fit last asked the server (reachability.cannot_answer)
         self._asking: threading.Thread | None = None  # cannot_answer()'s question, maybe still waiting for its answer
@@ -189,14 +190,14 @@ class Sender:
     def _answered_after(self, started: float) -> None:
         with self._health:
             self._answers += 1  # a probe that began before this answer sees it (_ask_address)
-            self._answered, self._unreachable = True, False
+            self._unreachable = False
             self._slowest_answer_s = max(self._slowest_answer_s, time.monotonic() - started)
 
     def _probe(self) -> bool:
         """At the end of fit, while no answer came (or the call in flight has waited :data:`PROBE_AFTER_S`): ask, on a
         short-lived thread, whether the server can answer (reachability.cannot_answer). True if asked."""
         with self._health:
-            since, unreachable, answered = self._call_since, self._unreachable, self._answered
+            since, unreachable, answered = self._call_since, self._unreachable, self._answers > 0
         waiting = since is not None and time.monotonic() - since > PROBE_AFTER_S
         if unreachable or not (waiting or not answered):
             return False
@@ -228,10 +229,8 @@ class Sender:
         ``deadline`` (``time.monotonic()``), or :data:`DOWN_GRACE_S` once the server is known down; then stop.
         True if everything was delivered."""
         try:
-            if status:
-                self.journal.update_meta(final_status=status)
-            else:  # leave the run as it is: nothing to end once delivered
-                self.journal.update_meta(ended=True)
+            # no status: leave the run as it is, nothing to end once delivered
+            self.journal.update_meta(**({"final_status": status} if status else {"ended": True}))
         finally:
             self._note_down(time.monotonic())  # known down already: the grace counts from now, whatever the attempt
             with self._cond:
@@ -327,8 +326,7 @@ class Sender:
                     self.journal.update_meta(run_tags={**tags, **self.journal.meta().run_tags})
             with mlflow_calls.internal():  # hvd-mlflow's own requests: never silenced by the guard on other ranks
                 client = _NoticingAnswers(MlflowClient(self._tracking_uri), self)
-                uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping,
-                                    user_metric_names=mlflow_calls.user_metric_names)  # fmt: skip
+                uploader = Uploader(self.journal, client, self._limits, should_stop=lambda: self._stopping)
                 while self._deliver_once(uploader):
                     pass
         except Exception as error:  # noqa: BLE001 - never let the thread die with a traceback in the training
@@ -351,7 +349,7 @@ class Sender:
             closing = self._closing
         self._last_send = time.monotonic()
         try:
-            self.run_id = uploader.ensure_run()
+            self.run_id = uploader.run.ensure_run()
             self._run_opened.set()
             settled = uploader.deliver(until_done=closing)  # while training, short epochs are packed
             if self._backoff.succeeded():

@@ -17,7 +17,7 @@ An id in it is the real one where this process knows it, the one rank 0 gets too
   that experiment (``MLFLOW_EXPERIMENT_NAME``); the one ``set_experiment`` returned here, for the runs after it.
 
 Everywhere else rank 0's answer comes from the server (a new run's id, a new experiment's, a name's, a new model's,
-a new version's number), and this process says so with a value of its own kind (:data:`UNKNOWN_RUN_ID`, ...):
+a new version's number), and this process says so with a value of its own kind (:func:`unknown`):
 never ``"0"`` (the Default experiment), ``""`` or a made-up id of MLflow's form, which a script would go on to
 read as real (``search_runs([exp.experiment_id])`` on the Default experiment) or fail on with an error that
 names nothing. Each names hvd-mlflow and the rank, and has a ``:``, outside the pattern MLflow checks run and
@@ -40,26 +40,19 @@ from typing import Any
 from ..common import compat, topology
 from . import destination
 
-# What this process says where only rank 0 can know, one per kind; {rank} is the rank at the call.
-UNKNOWN_EXPERIMENT_ID = "hvd-mlflow:rank-{rank}:unknown-experiment-id"
-UNKNOWN_EXPERIMENT_NAME = "hvd-mlflow:rank-{rank}:unknown-experiment-name"
-UNKNOWN_RUN_ID = "hvd-mlflow:rank-{rank}:unknown-run-id"
-UNKNOWN_MODEL_ID = "hvd-mlflow:rank-{rank}:unknown-model-id"
-UNKNOWN_MODEL_VERSION = "hvd-mlflow:rank-{rank}:unknown-model-version"
+_MARK = "hvd-mlflow:rank-"  # what every value of :func:`unknown` begins with
 _state: dict[str, Any] = {"experiment_id": None, "experiment_name": None, "job_run_id": None}
 
 
 def unknown(kind: str) -> str:
-    """The value of kind ``kind`` (one of the ``UNKNOWN_*`` constants) for this process's rank now."""
-    return kind.format(rank=topology.current().rank)
-
-
-_MARK = UNKNOWN_RUN_ID.split("{rank}", 1)[0]  # what every one of them begins with: "hvd-mlflow:rank-"
+    """What this process says where only rank 0 can know, for this process's rank now; ``kind``: "experiment-id",
+    "experiment-name", "run-id", "model-id" or "model-version" (``hvd-mlflow:rank-1:unknown-run-id``)."""
+    return f"{_MARK}{topology.current().rank}:unknown-{kind}"
 
 
 def found_in(values: Any) -> str | None:
     """The first of ``values`` (strings, and lists or tuples of them, at any depth) that holds one of the
-    ``UNKNOWN_*`` values (an id, or a URI or filter made of one), else ``None``."""
+    :func:`unknown` values (an id, or a URI or filter made of one), else ``None``."""
     if isinstance(values, str):
         return values if _MARK in values else None
     if isinstance(values, (list, tuple, set, frozenset)):
@@ -68,7 +61,7 @@ def found_in(values: Any) -> str | None:
 
 
 def refusal(call: str, value: str) -> Exception:
-    """The error a read given one of the ``UNKNOWN_*`` values raises at once (MLflow's own answer depends on its
+    """The error a read given one of the :func:`unknown` values raises at once (MLflow's own answer depends on its
     version: an error, minutes of retries of a server's 500, or an empty result)."""
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
@@ -106,9 +99,9 @@ def _now_ms() -> int:
 
 def experiment_id(given: Any = None) -> str:
     """The experiment of a new run: ``given``, else the one ``set_experiment`` set here, else the job's (the
-    environment's), else :data:`UNKNOWN_EXPERIMENT_ID` (MLflow's default, which is the server's): MLflow's order."""
+    environment's), else ``unknown("experiment-id")`` (MLflow's default, which is the server's): MLflow's order."""
     from_environment, _ = destination.experiment_from_environment()
-    return str(given or _state["experiment_id"] or from_environment or unknown(UNKNOWN_EXPERIMENT_ID))
+    return str(given or _state["experiment_id"] or from_environment or unknown("experiment-id"))
 
 
 def experiment(call: Mapping[str, Any]) -> Any:
@@ -126,8 +119,8 @@ def experiment(call: Mapping[str, Any]) -> Any:
     elif name and job_experiment and name == name_from_environment:
         found_id = id_from_environment
     else:
-        found_id = unknown(UNKNOWN_EXPERIMENT_ID)
-    name = name or unknown(UNKNOWN_EXPERIMENT_NAME)
+        found_id = unknown("experiment-id")
+    name = name or unknown("experiment-name")
     found = Experiment(found_id, name, "", LifecycleStage.ACTIVE, tags=[], creation_time=_now_ms(),
                        last_update_time=_now_ms())  # fmt: skip
     _state.update(experiment_id=found.experiment_id, experiment_name=name)
@@ -138,11 +131,11 @@ def started_run(call: Mapping[str, Any]) -> Any:
     """``mlflow.start_run``'s ``Run``: the run asked for, else the job's (rank 0 attaches to it), else a new run."""
     from_environment, _ = destination.experiment_from_environment()
     if call.get("run_id"):  # an existing run: its experiment is the server's, unless set_experiment said it
-        return run(call["run_id"], _state["experiment_id"] or unknown(UNKNOWN_EXPERIMENT_ID), call)
+        return run(call["run_id"], _state["experiment_id"] or unknown("experiment-id"), call)
     if _state["job_run_id"]:
-        in_experiment = from_environment or _state["experiment_id"] or unknown(UNKNOWN_EXPERIMENT_ID)
+        in_experiment = from_environment or _state["experiment_id"] or unknown("experiment-id")
         return run(_state["job_run_id"], in_experiment, call)
-    return run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call)
+    return run(unknown("run-id"), experiment_id(call.get("experiment_id")), call)
 
 
 def run(run_id: str, in_experiment: str, call: Mapping[str, Any]) -> Any:
@@ -172,7 +165,7 @@ def logged_model(call: Mapping[str, Any]) -> Any:
     now = _now_ms()
     return LoggedModel(
         experiment_id=experiment_id(call.get("experiment_id")),
-        model_id=call.get("model_id") or unknown(UNKNOWN_MODEL_ID),
+        model_id=call.get("model_id") or unknown("model-id"),
         name=call.get("name") or "model",
         artifact_location="",
         creation_timestamp=now,
@@ -234,14 +227,14 @@ def model_version(call: Mapping[str, Any]) -> Any:
 
     arguments = {"source": call.get("source"), "run_id": call.get("run_id"), "description": call.get("description"),
                  "model_id": call.get("model_id")}  # fmt: skip
-    version = str(call.get("version") or unknown(UNKNOWN_MODEL_VERSION))
+    version = str(call.get("version") or unknown("model-version"))
     return ModelVersion(call.get("name") or "", version, _now_ms(), **compat.accepted(ModelVersion, arguments))
 
 
 # MlflowClient write methods whose result MLflow promises to be something: what other ranks get instead.
 CLIENT_RESULTS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "create_run": lambda call: run(unknown(UNKNOWN_RUN_ID), experiment_id(call.get("experiment_id")), call),  # new
-    "create_experiment": lambda call: unknown(UNKNOWN_EXPERIMENT_ID),  # the new experiment's id is the server's
+    "create_run": lambda call: run(unknown("run-id"), experiment_id(call.get("experiment_id")), call),  # new
+    "create_experiment": lambda call: unknown("experiment-id"),  # the new experiment's id is the server's
     "log_param": lambda call: call.get("value"),  # the value it logged
     "create_logged_model": logged_model,
     "finalize_logged_model": lambda call: logged_model({"model_id": call.get("model_id")}),

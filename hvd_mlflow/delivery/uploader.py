@@ -17,10 +17,10 @@ again; every other one goes through.
 This module is the request loop: read-ahead windows, requests grouped by kind, one entry per request while the
 refused one is looked for. Each other job is a collaborator the :class:`Uploader` holds:
 
-* :mod:`.run_lifecycle`: finding or creating the run, what it already holds, and ending it;
-* :mod:`.resuming`: what a run that already existed is not sent again (``resume="skip"``);
-* :mod:`.metric_names` and :mod:`.over_budget_csv`: the run's metric-name budget (AzureML's), refused keys, and
-  the CSV artifact their values are held for, sent at the end;
+* :mod:`.run_lifecycle`: finding or creating the run, what it already holds, and ending it; what a run that already
+  existed holds is not sent again (``resume="skip"``: metric points here, params in :mod:`.params_tags`);
+* :mod:`.metric_names`: the run's metric-name budget (AzureML's), refused keys, and the CSV artifact their values
+  are held for, sent at the end;
 * :mod:`.params_tags`: params and tags, within the run's tag budget (the others in a JSON artifact);
 * :mod:`.isolation`: a refused request narrowed down to what is refused, an attempt whose answer was lost settled;
 * :mod:`.server_answers`: what an error from the server means.
@@ -30,7 +30,7 @@ Used on rank 0's sender thread and by the command line (``hvd-mlflow sync``), ne
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,16 +39,14 @@ from . import batching
 from .batching import EpochRecord
 from .folder_artifacts import files
 from .isolation import Isolation
-from .journal import Entry, Journal, JournalMeta
+from .journal import Entry, Journal
 from .limits import Limits
 from .metric_names import MetricNames
-from .over_budget_csv import OverBudgetCsv
 from .params_tags import ParamsTags
-from .resuming import Resume
-from .run_lifecycle import DEFAULT_EXPERIMENT_ID, JOURNAL_ID_TAG, RunLifecycle
+from .run_lifecycle import JOURNAL_ID_TAG, RunLifecycle
 from .server_answers import NOT_ABOUT_ENTRIES, applied_once, http_status, is_permanent
 
-__all__ = ["DEFAULT_EXPERIMENT_ID", "JOURNAL_ID_TAG", "SENT_KINDS", "Uploader", "http_status", "is_permanent"]
+__all__ = ["JOURNAL_ID_TAG", "SENT_KINDS", "Uploader"]
 
 _READ_AHEAD = 2000
 SENT_KINDS = ("params", "tags", "metrics", "artifact")  # what the uploader sends as it goes
@@ -63,31 +61,22 @@ class Uploader:
         client: Any,
         limits: Limits,
         should_stop: Callable[[], bool] = lambda: False,
-        user_metric_names: Callable[[str | None], Iterable[str]] = lambda run_id: (),
     ) -> None:
         self.journal = journal
         self.client = client
         self.run = RunLifecycle(journal, client)
-        self.limits = limits.with_options(self.meta.max_metric_names, self.meta.max_rows_per_metric)
+        self.limits = limits.with_options(self.run.meta.max_metric_names, self.run.meta.max_rows_per_metric)
         self._should_stop = should_stop  # checked between requests: a stopped sender sends nothing more
-        self.csv = OverBudgetCsv(journal, client, self.meta.journal_id)
-        self.names = MetricNames(journal, self.run, self.limits, self.csv, user_metric_names)
+        self.names = MetricNames(journal, client, self.run, self.limits)
         self.isolation = Isolation(journal, client, self.run, self.names)
-        self.resume = Resume(journal, self.run)
-        self.params_tags = ParamsTags(journal, client, self.run, self.limits, self.resume)
+        self.params_tags = ParamsTags(journal, client, self.run, self.limits)
+        self.skipped_points = 0  # points a resumed run held already (resume="skip"): not sent again
         self._isolate = False  # after a permanent error: one entry per request, to find the bad one
         self.more_waiting = False  # the last upload_some left entries behind that were already pending
 
     @property
-    def meta(self) -> JournalMeta:
-        return self.run.meta
-
-    @property
     def run_id(self) -> str | None:
         return self.run.run_id
-
-    def ensure_run(self) -> str:
-        return self.run.ensure_run()
 
     def finish(self) -> bool:
         """Once everything is delivered: send the over-budget CSV, end the run if hvd-mlflow created it and the
@@ -96,7 +85,7 @@ class Uploader:
         self.names.final = True
         if self.journal.pending(1, kinds=SENT_KINDS):
             return False
-        return self.run.finish(self.csv.waiting, self.names.send_held)
+        return self.run.finish(self.names.held_waiting, self.names.send_held)
 
     # -- entries ---------------------------------------------------------------------------------------
     def upload_some(self) -> int:
@@ -105,25 +94,21 @@ class Uploader:
 
         Raises what the client raised on a transient failure; nothing is lost, the entries stay pending.
         """
-        run_id = self.ensure_run()
+        run_id = self.run.ensure_run()
         settled = self.isolation.settle_unsure(run_id)
         if self.run.contents is None:
             self.run.contents = self.run.read_contents(run_id, self.limits)
         entries = self.journal.pending(_READ_AHEAD, kinds=SENT_KINDS)
         self.more_waiting = len(entries) >= _READ_AHEAD  # the window was full: the backlog goes on
         budget = self.names.budget_for(entries, window_full=len(entries) >= _READ_AHEAD)
+        send = {"metrics": self._send_metrics, "artifact": self._send_artifacts, "params_tags": self.params_tags.send}
         for kind, group in _groups(entries, self._isolate, self.limits.params_tags_per_request):
             if self._should_stop():
                 return settled
             if kind == "metrics" and not budget.settled:
                 continue  # the budget is settled at the first epoch end: batch values wait for it
             try:
-                if kind == "metrics":
-                    settled += self._send_metrics(run_id, group)
-                elif kind == "artifact":
-                    settled += self._send_artifacts(run_id, group)
-                else:
-                    settled += self.params_tags.send(run_id, group)
+                settled += send[kind](run_id, group)
             except Exception as error:
                 if not is_permanent(error) or http_status(error) in NOT_ABOUT_ENTRIES:
                     raise
@@ -159,7 +144,7 @@ class Uploader:
         return settled
 
     def _send_metrics(self, run_id: str, group: list[Entry]) -> int:
-        records = self.resume.not_logged_yet([EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group])
+        records = self._not_logged_yet([EpochRecord(e.step or 0, e.timestamp_ms or 0, e.payload) for e in group])
         records = self.names.split(records, [e.seq for e in group])
         done = 0
         for request in batching.metric_requests(
@@ -175,6 +160,31 @@ class Uploader:
             self.isolation.delivered.difference_update(request.points)
             done += request.completes
         return done
+
+    def _not_logged_yet(self, records: list[EpochRecord]) -> list[EpochRecord]:
+        """``records`` without the points at or below their metric's last step in the run (what the run held
+        when attached, and what was sent since): an epoch repeated after a restart is logged once."""
+        existing = self.run.contents
+        if existing is None or not existing.skip:
+            return records
+        last = dict(existing.last_steps)  # advanced record by record: a repeat within ``records`` too
+        out = []
+        for record in records:
+            kept = {k: v for k, v in record.metrics.items() if k not in last or record.step > last[k]}
+            last.update({k: record.step for k in kept})
+            skipped = len(record.metrics) - len(kept)
+            if skipped and not self.skipped_points:
+                # after an elastic reset the new rank 0 replays recent epochs on purpose: no warning then
+                (logger.info if self.run.meta.elastic else logger.warning)(
+                    "hvd-mlflow: the run already holds %s at step %d (and maybe later steps): points at or below "
+                    "a metric's last logged step are not sent again (resume='skip'). Pass fit(initial_epoch=...) "
+                    "to continue a run, or set resume='log' to log them anyway.",
+                    sorted(set(record.metrics) - set(kept))[:5],
+                    record.step,
+                )
+            self.skipped_points += skipped
+            out.append(EpochRecord(record.step, record.timestamp_ms, kept))
+        return out
 
     def _send_artifacts(self, run_id: str, group: list[Entry]) -> int:
         """Small JSON files (params over the run's limit), and local folders (TensorBoard's: ``folder``, sent file

@@ -26,17 +26,16 @@ from __future__ import annotations
 import dataclasses
 import numbers
 import zlib
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._log import warn_once
-from ..config import REDUCTIONS
 from ..errors import MetricKeyMismatchError
 from .collectives import Collectives
 from .metric_state import MetricState, compute_all, spans
-from .tracing import HEALTHY_KEY, READY_KEY, Agreement
+from .tracing import Agreement
 
 _SIGNATURE_BITS = 20
 
@@ -116,7 +115,6 @@ class Reduced:
     carried_per_rank: dict[str, list[float]]  # in gather mode: each rank's own
     train_samples: float | None  # training samples over all ranks, if known
     inexact: set[str]  # with exact: keys whose value is the weighted mean
-    before: tuple[Reduced, ...] = ()  # from Reducer.reduce(before=...): the earlier parts' results, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,52 +126,30 @@ class _Packed:
 
 
 class Reducer:
-    """Global values of every rank's epoch logs, by ``mode`` (one of :data:`REDUCTIONS`)."""
+    """Global values of every rank's epoch logs, by ``mode`` (one of :data:`hvd_mlflow.config.REDUCTIONS`, which
+    :class:`hvd_mlflow.config.Options` checks)."""
 
-    def __init__(
-        self,
-        collectives: Collectives,
-        mode: str = "exact",
-        spread: Sequence[str] = (),
-        gather: bool = False,
-        agreement: Agreement | None = None,
-    ) -> None:
-        if mode not in REDUCTIONS:
-            raise ValueError(f"unknown reduction {mode!r}; choose one of {', '.join(REDUCTIONS)}")
+    def __init__(self, collectives: Collectives, mode: str = "exact", spread: Sequence[str] = (), gather: bool = False):
         self._comm = collectives
         self.mode = mode
         self.spread_keys = tuple(spread)
         self._gather_rows = gather or bool(self.spread_keys)  # one row per rank from the collective: an allgather
-        self.agreement = agreement or Agreement()  # compiled results from summed states, once agreed (tracing.py)
+        self.agreement = Agreement()  # compiled results from summed states, once agreed (tracing.py)
 
-    def reduce(
-        self,
-        values: Mapping[str, float],
-        tag: str,
-        states: Sequence[MetricState] = (),
-        carry: Mapping[str, float] | None = None,
-        not_additive: Iterable[str] = (),
-        before: Sequence[Part] = (),
-    ) -> Reduced:
-        """Global values of ``values`` (``.values``), with what every rank reads back from the same collective;
-        ``tag`` names the collective (the same on every rank). ``carry``: more numbers summed over ranks in the
-        same collective (``.carried``), e.g. rank 0's optimizer step, which the others carry as 0: a value every
-        rank then agrees on. ``not_additive``: result keys (with their prefix) that come from a state that does not
-        add up: weighted, never computed from the sum. ``before``: more parts reduced in the same collective ahead
-        of this one (logged batches kept until the epoch's end), their results in ``.before``.
+    def reduce_all(self, parts: Sequence[Part], tag: str) -> list[Reduced]:
+        """Every part's global values (``.values``), with what every rank reads back from the same collective; one
+        collective for all the parts (their vectors end to end, then one signature of the whole layout: every rank
+        reads it at the same place); ``tag`` names it (the same on every rank). A part's ``carry``: more numbers
+        summed over ranks (``.carried``), e.g. rank 0's optimizer step, which the others carry as 0: a value every
+        rank then agrees on. Its ``not_additive``: result keys (with their prefix) that come from a state that does
+        not add up: weighted, never computed from the sum. An epoch's part comes last, after the logged batches
+        kept until the epoch's end.
 
         Example::
 
-            reduced = Reducer(collectives.Solo()).reduce({"loss": 0.25}, tag="epoch")
+            [reduced] = Reducer(collectives.Solo()).reduce_all([Part({"loss": 0.25})], tag="epoch")
             reduced.values  # {"loss": 0.25}
         """
-        parts = [*before, Part(values, tuple(states), dict(carry or {}), frozenset(not_additive))]
-        results = self.reduce_all(parts, tag)
-        return dataclasses.replace(results[-1], before=tuple(results[:-1]))
-
-    def reduce_all(self, parts: Sequence[Part], tag: str) -> list[Reduced]:
-        """Every part's global values from one collective (the parts' vectors end to end, then one signature of
-        the whole layout: every rank reads it at the same place)."""
         if self._comm.logs_are_global:
             parts = [self._with_own_values(part) for part in parts]
         packed = [self._pack(part) for part in parts]
@@ -201,11 +177,10 @@ class Reducer:
         if total[-2] != size * signature or total[-1] != size * signature * signature:
             self._raise_if_layouts_differ(keys, layout, tag)
         slices = spans(p.vector.size for p in packed)
-        carry = list(parts[-1].carry)
-        if READY_KEY in carry:  # from this collective on (every rank reads the same sums), compiled if all were ready
-            at = slices[-1].stop - len(carry)
-            agreed = {key: float(total[at + carry.index(key)]) for key in (READY_KEY, HEALTHY_KEY) if key in carry}
-            self.agreement.learn(agreed, size)
+        # from this collective on (every rank reads the same sums of the last part's carry), compiled if all were
+        # ready (tracing.READY_KEY; a carry without it changes nothing)
+        carry, end = list(parts[-1].carry), slices[-1].stop
+        self.agreement.learn(dict(zip(carry, total[end - len(carry) : end].tolist(), strict=True)), size)
         # exact: every part's results from its summed states, all together (the states of one model)
         computed: list[dict[str, float]] = []
         if self.mode == "exact":
@@ -267,7 +242,22 @@ class Reducer:
         for key in (k for k in self.spread_keys if k in part.values):
             column = per_rank[:, pack.keys.index(key)]
             spread.update({f"{key}_rank_min": float(column.min()), f"{key}_rank_max": float(column.max())})
-        values, train_samples, inexact = self._finish(pack.keys, total, pack.states, set(part.not_additive), computed)
+        n, keys = len(pack.keys), pack.keys
+        if self.mode == "mean":
+            values = {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}
+            return Reduced(values, spread, carried, carried_per_rank, None, set())
+        weighted_sum, weights = total[n : 2 * n], total[2 * n : 3 * n]
+        train = [i for i, key in enumerate(keys) if not key.startswith("val_")]
+        train_samples = float(weights[train[0]]) if train and any(s.prefix == "" for s in pack.states) else None
+        values = {
+            key: float(weighted_sum[i] / weights[i]) if weights[i] else float(total[i]) / self._comm.size
+            for i, key in enumerate(keys)
+        }
+        inexact = set(values) if self.mode == "exact" else set()  # exact: the keys no state's results give
+        for results in computed:  # with exact: each state's results from its summed state
+            found = {k: v for k, v in results.items() if k in values and k not in part.not_additive}
+            values.update(found)
+            inexact -= found.keys()
         return Reduced(values, spread, carried, carried_per_rank, train_samples, inexact)
 
     def _gather(
@@ -284,35 +274,6 @@ class Reducer:
             self._raise_if_layouts_differ(keys, layout, tag)
         per_rank = np.stack(rows)
         return per_rank.sum(axis=0), per_rank
-
-    def _finish(
-        self,
-        keys: list[str],
-        total: np.ndarray,
-        states: list[MetricState],
-        not_additive: set[str],
-        computed: list[dict[str, float]],
-    ) -> tuple[dict[str, float], float | None, set[str]]:
-        """The values, the training samples over all ranks (if known) and the keys that are not exact;
-        ``computed``: with exact, each state's results from its summed state."""
-        n = len(keys)
-        if self.mode == "mean":
-            return {key: float(total[i]) / self._comm.size for i, key in enumerate(keys)}, None, set()
-        weighted_sum, weights = total[n : 2 * n], total[2 * n : 3 * n]
-        train = [i for i, key in enumerate(keys) if not key.startswith("val_")]
-        train_samples = float(weights[train[0]]) if train and any(s.prefix == "" for s in states) else None
-        out = {
-            key: float(weighted_sum[i] / weights[i]) if weights[i] else float(total[i]) / self._comm.size
-            for i, key in enumerate(keys)
-        }
-        if self.mode == "exact":
-            exact: set[str] = set()
-            for results in computed:
-                computed = {k: v for k, v in results.items() if k in out and k not in not_additive}
-                out.update(computed)
-                exact.update(computed)
-            return out, train_samples, set(out) - exact
-        return out, train_samples, set()
 
     def _raise_if_layouts_differ(self, keys: list[str], layout: list[str], tag: str) -> None:
         try:
@@ -347,9 +308,3 @@ def _samples_for(key: str, states: Sequence[MetricState]) -> float:
         if (state.prefix == "val_") == validation:
             return state.samples
     return 1.0
-
-
-def write_back(logs: MutableMapping[str, Any], global_values: Mapping[str, float]) -> None:
-    """Replace each reduced entry of ``logs`` in place, so later callbacks see the global value."""
-    for key, value in global_values.items():
-        logs[key] = value

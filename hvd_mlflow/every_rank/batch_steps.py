@@ -15,11 +15,6 @@ at the multiples of N).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .aggregate import Part
-
 STEPS_PER_BATCH_COLLECTIVE = 100  # logged batches wait for one collective per ~100 optimizer steps (or the epoch end)
 
 
@@ -72,31 +67,3 @@ class BatchClock:
         if self.every > 0 and now // self.every > before // self.every:
             return now
         return None
-
-
-class PendingBatches:
-    """Every rank's logged batches whose global values are not known yet: their values and metric states, kept
-    until ``per_collective`` of them are there (then one collective reduces them all) or the epoch ends (then they
-    ride in the epoch's collective). Which batches, and when the collective runs, come from the batch clock and
-    ``per_collective``: the same on every rank.
-
-    Example::
-
-        pending = PendingBatches(per_collective=2)
-        pending.add(10, 1730000000000, "part")  # False: kept
-        pending.add(20, 1730000000500, "part")  # True: reduce pending.take() now
-    """
-
-    def __init__(self, per_collective: int = 1) -> None:
-        self.per_collective = max(1, per_collective)
-        self._kept: list[tuple[int, int, Part]] = []
-
-    def add(self, step: int, timestamp_ms: int, part: Part) -> bool:
-        """Keep a logged batch; whether its collective is due now."""
-        self._kept.append((step, timestamp_ms, part))
-        return len(self._kept) >= self.per_collective
-
-    def take(self) -> list[tuple[int, int, Part]]:
-        """The kept batches ``(step, timestamp_ms, part)``, oldest first; none are kept afterwards."""
-        kept, self._kept = self._kept, []
-        return kept

@@ -21,7 +21,7 @@ same engine.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -30,35 +30,24 @@ from ..errors import HvdMlflowError, LauncherMismatchError
 from . import keras_flavour
 
 
-class Collectives(Protocol):
-    rank: int
-    size: int
-    engine: str  # which communication layer, as hvd-mlflow names it: "horovod", "tf.distribute", "single process"
-    # Keras' logs hold every rank's global values already (tf.distribute reads metric states summed over workers):
-    # each rank's own values are computed from its own metric state where a reduction needs them
-    logs_are_global: bool
-    # the engine itself keeps every rank's weights equal (tf.distribute's mirrored variables): no fingerprint check
-    keeps_weights_in_step: bool
-    # fit's batch_size is the global batch, which the engine splits over ranks (tf.distribute), not each rank's
-    batch_is_global: bool
-    # saving the model runs the engine's collectives (tf.distribute's mirrored variables): rank 0 cannot save alone
-    saving_is_collective: bool
-    # Keras' values are computed on the global batch (keras.distribution on JAX): nothing to reduce, none per rank
-    values_are_global: bool
-
-    def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray: ...
-    def allgather(self, values: np.ndarray, name: str) -> np.ndarray: ...
-    def allgather_object(self, obj: Any, name: str) -> list[Any]: ...
-    def broadcast_object(self, obj: Any, name: str) -> Any: ...
-
-
 class Solo:
-    """One process: every collective is the identity."""
+    """One process: every collective is the identity. The base of every engine (its defaults, and
+    :meth:`broadcast_object` as rank 0's object out of :meth:`allgather_object`)."""
 
     rank = 0
     size = 1
-    engine = "single process"
-    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = values_are_global = False
+    engine = "single process"  # which communication layer, as hvd-mlflow names it: "horovod", "tf.distribute", ...
+    # Keras' logs hold every rank's global values already (tf.distribute reads metric states summed over workers):
+    # each rank's own values are computed from its own metric state where a reduction needs them
+    logs_are_global = False
+    # the engine itself keeps every rank's weights equal (tf.distribute's mirrored variables): no fingerprint check
+    keeps_weights_in_step = False
+    # fit's batch_size is the global batch, which the engine splits over ranks (tf.distribute), not each rank's
+    batch_is_global = False
+    # saving the model runs the engine's collectives (tf.distribute's mirrored variables): rank 0 cannot save alone
+    saving_is_collective = False
+    # Keras' values are computed on the global batch (keras.distribution on JAX): nothing to reduce, none per rank
+    values_are_global = False
 
     def allreduce_sum(self, values: np.ndarray, name: str) -> np.ndarray:
         return values
@@ -70,14 +59,16 @@ class Solo:
         return [obj]
 
     def broadcast_object(self, obj: Any, name: str) -> Any:
-        return obj
+        return self.allgather_object(obj if self.rank == 0 else None, name)[0]
 
 
-class Horovod:
+Collectives = Solo  # the type of every engine
+
+
+class Horovod(Solo):
     """The collectives of an initialised ``horovod.tensorflow``."""
 
     engine = "horovod"
-    logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = values_are_global = False
 
     def __init__(self, hvd: Any) -> None:
         self._hvd = hvd
@@ -100,7 +91,7 @@ class Horovod:
         return self._hvd.broadcast_object(obj, root_rank=0, name=name)
 
 
-class TfDistribute:
+class TfDistribute(Solo):
     """The collectives of a multi-worker ``tf.distribute`` strategy, each worker counted once.
 
     ``strategy.reduce`` of a plain tensor (not a per-replica value) goes to the strategy's host collective, whose
@@ -114,7 +105,6 @@ class TfDistribute:
 
     engine = "tf.distribute"
     logs_are_global = keeps_weights_in_step = batch_is_global = saving_is_collective = True
-    values_are_global = False
 
     def __init__(self, strategy: Any, rank: int, size: int) -> None:
         self._strategy = strategy
@@ -134,9 +124,6 @@ class TfDistribute:
         rows = self._ragged(np.frombuffer(pickle.dumps(obj), dtype=np.uint8), name)
         return [pickle.loads(row.astype(np.uint8).tobytes()) for row in rows]
 
-    def broadcast_object(self, obj: Any, name: str) -> Any:
-        return self.allgather_object(obj if self.rank == 0 else None, name)[0]
-
     def _ragged(self, values: np.ndarray, name: str) -> list[np.ndarray]:
         """Every worker's 1-D ``values`` (lengths may differ), as float64, in rank order: the lengths first, then
         the values padded to the longest."""
@@ -153,7 +140,7 @@ class TfDistribute:
         return self.allreduce_sum(matrix.reshape(-1), name).reshape(self.size, values.size)
 
 
-class Jax:
+class Jax(Solo):
     """JAX's processes under ``keras.distribution``, each process counted once (process 0 is rank 0).
 
     Everything travels through ``jax.experimental.multihost_utils.process_allgather``: each process's bytes, padded
@@ -164,7 +151,6 @@ class Jax:
     """
 
     engine = "keras.distribution"
-    logs_are_global = batch_is_global = False
     keeps_weights_in_step = saving_is_collective = values_are_global = True
 
     def __init__(self, jax: Any) -> None:
@@ -183,9 +169,6 @@ class Jax:
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:
         return [pickle.loads(row) for row in self._bytes(pickle.dumps(obj))]
-
-    def broadcast_object(self, obj: Any, name: str) -> Any:
-        return self.allgather_object(obj if self.rank == 0 else None, name)[0]
 
     def _numbers(self, values: np.ndarray) -> np.ndarray:
         """One row per process of float64 ``values`` (the same length on every process), bit for bit."""
@@ -225,12 +208,6 @@ def multi_worker_strategy(model: Any) -> tuple[Any, int, int] | None:
     return strategy, topology.rank_in_cluster(cluster, resolver.task_type, int(resolver.task_id or 0)), size
 
 
-def strategy_name(model: Any) -> str:
-    """The class name of ``model``'s tf.distribute strategy (``"no strategy"`` when TensorFlow has none here)."""
-    strategy = getattr(model, "distribute_strategy", None)
-    return type(strategy).__name__ if strategy is not None else "no strategy"
-
-
 def check_strategy(model: Any) -> None:
     """Raise :class:`~hvd_mlflow.errors.HvdMlflowError` for a Keras 3 model under a multi-worker strategy: Keras 3
     cannot train with MultiWorkerMirroredStrategy (keras-team/keras#20585: its ``fit`` fails at its first step, or,
@@ -244,23 +221,6 @@ def check_strategy(model: Any) -> None:
         "refused on every worker. Use tf_keras, the Keras 2 that TensorFlow keeps for it: pip install "
         "tf-keras==<your TensorFlow's version> and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (AzureML's "
         "TensorFlow images set it), then build the model with tf.keras."
-    )
-
-
-def check_keras_distribution(size: int, allowed: bool = False) -> None:
-    """Raise :class:`~hvd_mlflow.errors.LauncherMismatchError` when JAX runs several processes but no
-    ``keras.distribution`` is set: each process then trains its own model on its own devices and data. Every process
-    ran the same code, so every process raises alike, before training."""
-    import keras
-
-    if keras.distribution.distribution() is not None or allowed:
-        return
-    raise LauncherMismatchError(
-        f"hvd-mlflow: JAX runs {size} processes (keras.distribution.initialize()), but no keras.distribution is set, "
-        "so each process would train its own model on its own data and log it as rank 0. Set one before building the "
-        "model: keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution."
-        "list_devices())), or pass allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each is meant to "
-        "train alone."
     )
 
 
@@ -284,13 +244,24 @@ def for_fit(model: Any, allow_world_of_one: bool = False) -> Collectives:
         found = Jax(jax)
     else:
         found = Solo()
-    topology.check_tf_config_world(found.size, strategy_name(model), allowed=allow_world_of_one)
+    own = getattr(model, "distribute_strategy", None)  # its class is named in the error
+    strategy_name = type(own).__name__ if own is not None else "no strategy"
+    topology.check_tf_config_world(found.size, strategy_name, allowed=allow_world_of_one)
     if hvd is None:
         topology.check_launcher_world(found.size, keras_flavour.backend(model), allowed=allow_world_of_one)
     if isinstance(found, Jax):
-        check_keras_distribution(found.size, allowed=allow_world_of_one)
         import keras
 
-        if keras.distribution.distribution() is None:  # allowed to train alone: each process is a world of one
+        if keras.distribution.distribution() is None:
+            # each process would train its own model on its own devices and data: raised by every process alike
+            # (the same code), before training, unless allowed to train alone (each process a world of one)
+            if not allow_world_of_one:
+                raise LauncherMismatchError(
+                    f"hvd-mlflow: JAX runs {found.size} processes (keras.distribution.initialize()), but no "
+                    "keras.distribution is set, so each process would train its own model on its own data and log "
+                    "it as rank 0. Set one before building the model: keras.distribution.set_distribution(keras."
+                    "distribution.DataParallel(devices=keras.distribution.list_devices())), or pass "
+                    "allow_world_of_one=True (HVD_MLFLOW_ALLOW_WORLD_OF_ONE=1) if each is meant to train alone."
+                )
             return Solo()
     return found

@@ -3,18 +3,27 @@ state kept before validation resets it), and besides them rank 0's optimizer ste
 samples of ``reduction="mean"``, the weights' fingerprint (:mod:`hvd_mlflow.every_rank.divergence`),
 the ranks' system metrics (:mod:`hvd_mlflow.every_rank.system_metrics`); and what every rank reads back from it. The
 same keys on every rank, whatever each rank could compute (NaN then): the collective's layout never depends on one rank.
+
+Also what :func:`hvd_mlflow.autolog` hands the callback from ``fit``'s arguments, and what each rank brings from them
+to the train-begin agreement (:mod:`hvd_mlflow.every_rank.fit_plan`): every rank alike::
+
+    callback._set_fit_arguments(batch_size=32, empty_shards=(), batches=shards.batches(arguments, 32))
+    plan = fit_plan.agree(comm, callback._proposal(first_step=0, every=0, logged=None))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._log import warn_once
-from . import divergence, fit_plan, keras_flavour, metric_state, run_params, tracing
+from ..common import topology
+from . import divergence, fit_plan, keras_flavour, metric_state, run_params, shards, tracing
 from .aggregate import Part, Reduced
+from .later_fits import Logged
 from .system_metrics import summary as system_summary
 
 Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_ms, values
@@ -22,10 +31,14 @@ Point = tuple[int, int, dict[str, float]]  # a journaled point: step, timestamp_
 
 class EpochExchange:
     """What :class:`hvd_mlflow.HorovodMlflowCallback` puts into its collectives and reads back from them, on every
-    rank (a mixin on the callback); also the system-metrics sampler whose epoch means ride there."""
+    rank (a mixin on the callback); also the system-metrics sampler whose epoch means ride there, and ``fit``'s
+    arguments as autolog reads them on each rank, with this rank's train-begin proposal."""
 
     model: Any
     options: Any
+    params: Mapping[str, Any]
+    run_id: str | None
+    _owns_run: bool
 
     def _needs_states(self) -> bool:
         """Whether the collectives carry metric states (not for ``reduction="mean"``), or this rank's own values must
@@ -35,12 +48,6 @@ class EpochExchange:
         if not keras_flavour.runs_on_tensorflow(self.model):
             return False
         return self.options.reduction != "mean" or self._comm.logs_are_global
-
-    def _batch_states(self) -> list[metric_state.MetricState]:
-        """The state a logged batch's results come from (none for ``reduction="mean"`` or a model without metrics)."""
-        if not self._needs_states():
-            return []
-        return _present([metric_state.capture(self.model, prefix="")])
 
     def _batch_points(self, kept: Sequence[tuple[int, int, Part]], results: Sequence[Reduced]) -> list[Point]:
         """Every rank: the logged batches' ``(step, timestamp_ms, values)`` under their ``batch/`` names, kept for
@@ -78,12 +85,16 @@ class EpochExchange:
         return keras_flavour.read_scalar(count) if count is not None else 0.0
 
     def _epoch_states(self) -> list[metric_state.MetricState]:
-        """The states the epoch's results come from: training and validation, or training alone."""
+        """The states the epoch's results come from: training and validation, or training alone (a logged batch's
+        too: during the training batches); those that exist (none for ``reduction="mean"``, nor for a model without
+        built metrics)."""
         if not self._needs_states():
             return []
         if not self._validating:
-            return _present([metric_state.capture(self.model, prefix="")])
-        return _present([self._train_state, metric_state.capture(self.model, prefix="val_")])
+            states = [metric_state.capture(self.model, prefix="")]
+        else:
+            states = [self._train_state, metric_state.capture(self.model, prefix="val_")]
+        return [s for s in states if s is not None]
 
     def _stop_sampler(self) -> None:
         sampler, self._sampler = self._sampler, None
@@ -222,7 +233,50 @@ class EpochExchange:
             carry["train_samples"] = self._train_samples if self._validating else metric_state.samples(self.model)
         return carry
 
+    def _set_fit_arguments(
+        self,
+        batch_size: int | None,
+        empty_shards: tuple[str, ...] = (),
+        folders: Sequence[Any] = (),  # delivery.folder_artifacts.FolderUpload (rank 0 uploads them)
+        batches: shards.Batches | None = None,
+    ) -> None:
+        self._batch_size = batch_size
+        self._empty_shards = empty_shards  # this rank's, from fit's arguments (as _batches)
+        self._batches = batches or shards.Batches()
+        self._folders = tuple(folders)  # rank 0: what of TensorBoard's folders to upload at the end
+        self._ends_after_fit = True  # autolog's wrapper ends the fit once Keras' fit has returned
 
-def _present(states: list[metric_state.MetricState | None]) -> list[metric_state.MetricState]:
-    """The states that exist (``capture`` gives None for a model without built metrics)."""
-    return [s for s in states if s is not None]
+    def _proposal(self, first_step: int, every: int, logged: Logged | None) -> fit_plan.Proposal:
+        """What this rank brings to the train-begin agreement (rank 0: its run, first step, batch interval and what
+        its process logged before; every rank: the options that shape collectives, its host, its data)."""
+        params, kept = self._proposed_params()  # RankZeroSteps': under elastic, the run's params
+        steps = (getattr(self, "params", None) or {}).get("steps")  # Keras' count of this rank's training steps
+        return fit_plan.Proposal(
+            self.run_id,
+            self._owns_run,
+            first_step,
+            fit_plan.collective_shape(self.options, self.model),
+            every,
+            topology.hostname(),
+            self._empty_here(steps),
+            params=params,
+            batches=dataclasses.replace(self._batches, steps=steps),
+            params_kept=kept,
+            logged=logged,
+        )
+
+    def _empty_here(self, steps: int | None) -> tuple[str, ...]:
+        """This rank's empty shards, for the train-begin proposal: from fit's arguments, or Keras' own count of
+        training ``steps`` (0: nothing to train on). Agreed there: any rank's raises on every rank."""
+        empty = set(self._empty_shards)
+        if steps == 0:
+            empty.add(shards.TRAINING)
+        return tuple(part for part in (shards.TRAINING, shards.VALIDATION) if part in empty)
+
+    def _train_begin_without_fit(self, model: Any, epochs: Any) -> None:
+        """A rank with no training data, which Keras would refuse on this rank alone (tf_keras before any callback):
+        instead of ``fit``, this rank's part of the train-begin agreement, which raises the same error on every
+        rank."""
+        self.set_model(model)  # Keras' Callback
+        self.set_params({"epochs": epochs, "steps": 0, "verbose": 0})
+        self.on_train_begin()

@@ -49,17 +49,7 @@ class Proposal:
     params_kept: bool = False
     logged: Logged | None = None  # rank 0: what this process logged into the run before (a later fit moves on)
     batches: Batches = Batches()  # what this rank's batches are made of (keras.distribution needs them alike)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    run_id: str | None
-    owns_run: bool
-    first_step: int
-    log_every_n_steps: int = 0
-    hosts: tuple[str, ...] = ()  # every rank's host, in rank order
-    params: Mapping[str, str] | None = None  # elastic: the run's params (the first kept in rank order, else rank 0's)
-    logged: Logged | None = None  # rank 0's: what its process logged into the run before (every_rank/later_fits.py)
+    hosts: tuple[str, ...] = ()  # agreed (in the plan :func:`agree` returns): every rank's host, in rank order
 
 
 def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
@@ -71,7 +61,7 @@ def collective_shape(options: Any, model: Any) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def batch_clock(plan: Plan, model: Any, *, warn: bool) -> BatchClock:
+def batch_clock(plan: Proposal, model: Any, *, warn: bool) -> BatchClock:
     """The fit's batch clock: the agreed first step and interval, off when ``steps_per_execution="auto"``."""
     every = plan.log_every_n_steps
     if every and keras_flavour.steps_per_execution_is_tuned(model):  # each rank would tune it on its own clock
@@ -85,11 +75,11 @@ def batch_clock(plan: Plan, model: Any, *, warn: bool) -> BatchClock:
     return BatchClock(plan.first_step, every, keras_flavour.steps_per_execution(model))
 
 
-def agree(comm: Collectives, proposal: Proposal) -> Plan:
-    """Every rank's proposal, exchanged; rank 0's run and first step. Raises on every rank if options differ."""
-    proposals: Sequence[Proposal] = (
-        comm.allgather_object(proposal, name="hvd_mlflow.train_begin") if comm.size > 1 else [proposal]
-    )
+def agree(comm: Collectives, proposal: Proposal) -> Proposal:
+    """Every rank's proposal, exchanged; the plan: rank 0's proposal (its run, first step, interval, what its process
+    logged before) with every rank's host, and under elastic the params kept (the first in rank order, else rank
+    0's). Raises on every rank if options differ."""
+    proposals: Sequence[Proposal] = comm.allgather_object(proposal, name="hvd_mlflow.train_begin")  # Solo: [proposal]
     reference = proposals[0].collective_options
     different = [(rank, p.collective_options) for rank, p in enumerate(proposals) if p.collective_options != reference]
     if different:
@@ -109,14 +99,8 @@ def agree(comm: Collectives, proposal: Proposal) -> Plan:
         raise ShardMismatchError(unequal_steps_message(by_rank))
     leader = proposals[0]
     kept = [p.params for p in proposals if p.params_kept and p.params is not None]
-    return Plan(
-        leader.run_id,
-        leader.owns_run,
-        leader.first_step,
-        leader.log_every_n_steps,
-        tuple(p.host for p in proposals),
-        kept[0] if kept else leader.params,
-        leader.logged,
+    return dataclasses.replace(
+        leader, hosts=tuple(p.host for p in proposals), params=kept[0] if kept else leader.params
     )
 
 

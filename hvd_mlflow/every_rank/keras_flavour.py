@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -65,9 +65,9 @@ def read_scalar(variable: Any) -> float:
     return float(_module("keras").ops.convert_to_numpy(value))
 
 
-def legacy_setting(environ: Mapping[str, str] = os.environ) -> str:
+def legacy_setting() -> str:
     """``TF_USE_LEGACY_KERAS`` as set (empty when unset): TensorFlow 2.16+ makes ``tf.keras`` tf_keras when true."""
-    return environ.get("TF_USE_LEGACY_KERAS", "")
+    return os.environ.get("TF_USE_LEGACY_KERAS", "")
 
 
 def check_model(model: Any, flavour: str | None) -> None:
@@ -98,20 +98,6 @@ def model_class(flavour: str) -> type:
 
 def version(flavour: str) -> str:
     return str(getattr(_module(flavour), "__version__", "unknown"))
-
-
-def importable() -> list[str]:
-    """The flavours that can be imported in this environment."""
-    found = []
-    for flavour in FLAVOURS:
-        if importlib.util.find_spec(flavour) is None:
-            continue
-        try:
-            _module(flavour)
-        except Exception:  # noqa: BLE001 - a broken install is simply not a usable flavour
-            continue
-        found.append(flavour)
-    return found
 
 
 def when_imported(hook: Callable[[str], None]) -> None:

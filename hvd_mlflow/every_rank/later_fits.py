@@ -12,7 +12,8 @@ an optimizer that kept counting) is not moved. The tag :data:`FIT_STARTS_TAG` sa
 process began, once a run holds more than one.
 
 What the run held before this process started (a restarted job, ``BackupAndRestore``) is not moved: that is
-``resume="skip"``'s work (:mod:`hvd_mlflow.delivery.resuming`), which sends an epoch repeated after a restart once.
+``resume="skip"``'s work (:mod:`hvd_mlflow.delivery.uploader`, and :mod:`hvd_mlflow.delivery.params_tags` for
+params), which sends an epoch repeated after a restart once.
 Horovod elastic numbers its steps from its own state (:mod:`hvd_mlflow.every_rank.elastic`): not moved either.
 
 Rule 2: what rank 0 remembers reaches the other ranks in the train-begin agreement

@@ -17,6 +17,7 @@ validation begins (``on_test_begin``), and the validation state at ``on_epoch_en
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -195,13 +196,12 @@ def _loss_count(model: Any) -> Any:
 
 def capture(model: Any, prefix: str) -> MetricState | None:
     """The model's metric state now, or ``None`` when it has no metrics (or they are not built yet): kept as eager
-    tensors, made flat when first needed (in its collective), unless these variables can only be read compiled."""
+    tensors, made flat when first needed (in its collective)."""
     variables = _variables(model)
     if not variables or not hasattr(model, "get_metrics_result"):
         return None
     computer = _computer(model, variables)
-    snapshot = computer.snapshot()
-    flat = snapshot if snapshot is not None else computer.read()
+    flat = computer.snapshot()
 
     def compute(summed: np.ndarray) -> dict[str, float]:
         return {prefix + k: v for k, v in computer.many([summed])[0].items()}
@@ -237,17 +237,16 @@ EAGER_UP_TO_STATES = 2  # an epoch's training and validation state: more (logged
 class _Computer:
     """The metric state read eagerly, its results eagerly at first, then in compiled TensorFlow calls.
 
-    :meth:`snapshot` reads every metric variable with one eager read op each; where they are not resource
-    variables, :meth:`read` returns them as one flat float64 vector (one compiled call, one device-to-host
-    transfer). :meth:`many` (or a call with one state) puts each summed state in turn into the model's own metric
-    variables, reads every result the way Keras names them and puts the variables back as they were: eagerly
-    (4-14 ms per epoch on a model with an AUC, on these CPUs) until the compiled form of one state's call, traced in
-    a background thread from the first epoch's end (:meth:`trace_in_background`), is ready on every rank
-    (``compiled``: agreed, :mod:`hvd_mlflow.every_rank.tracing`); then one call per state (under 0.5 ms each).
-    Calls of more states than :data:`EAGER_UP_TO_STATES` (logged batches, with ``log_every_n_steps``) are compiled
-    from the first (eagerly each state would cost its 2-10 ms), traced once per number of states, on the training
-    thread. The calls go to concrete functions, which skips TensorFlow's per-call signature matching. If one
-    cannot be compiled (a metric whose code TensorFlow cannot trace), the same steps run eagerly.
+    :meth:`snapshot` reads every metric variable with one eager read op each. :meth:`many` (or a call with one
+    state) puts each summed state in turn into the model's own metric variables, reads every result the way Keras
+    names them and puts the variables back as they were: eagerly (4-14 ms per epoch on a model with an AUC, on these
+    CPUs) until the compiled form of one state's call, traced in a background thread from the first epoch's end
+    (:meth:`trace_in_background`), is ready on every rank (``compiled``: agreed,
+    :mod:`hvd_mlflow.every_rank.tracing`); then one call per state (under 0.5 ms each). Calls of more states than
+    :data:`EAGER_UP_TO_STATES` (logged batches, with ``log_every_n_steps``) are compiled from the first (eagerly
+    each state would cost its 2-10 ms), traced once per number of states, on the training thread. The calls go to
+    concrete functions, which skips TensorFlow's per-call signature matching. If one cannot be compiled (a metric
+    whose code TensorFlow cannot trace), the same steps run eagerly.
     """
 
     def __init__(self, model: Any, variables: list[Any]) -> None:
@@ -259,43 +258,33 @@ class _Computer:
         self._count_at = next((s.start for v, s in zip(variables, spans, strict=True) if v is count), None)  # its place
         self._compiled: dict[int, Any] = {}  # number of states (logged batches') -> concrete function
         self.traced: Traced | None = None  # {number of states: concrete function}, traced in the background
-        self._reader: Any = None
-        self._eager = False  # the state is read eagerly (the compiled reader failed here: the same bits either way)
         self.fell_back = False  # a compiled call of results failed on this rank (carried: every rank then goes eager)
         self._last_read: np.ndarray | list[Any] | None = None  # the state as last read: a call follows a read, no step
-        self._snapshot: Any = None  # reads each variable as an eager tensor (False: these variables cannot)
         self._raw: list[Any] | None = None  # the TensorFlow variables behind the metric variables (eager assigns)
         # tf.distribute: this worker's copies are read, and results computed in replica context (replica_local.py)
         self._strategy = replica_local.strategy_of(self.variables)
 
-    def read(self) -> np.ndarray:
-        """This rank's state, flat, as float64."""
-        self._last_read = None
-        if not self._eager and self._strategy is None:
-            try:
-                if self._reader is None:
-                    self._reader = _compiled_reader(self.variables).get_concrete_function()
-                self._last_read = np.asarray(self._reader(), dtype=np.float64)
-            except Exception:  # noqa: BLE001 - same model on every rank: every rank falls back alike
-                self._eager = True
-        if self._last_read is None:
+    @functools.cached_property
+    def _handles(self) -> list[list[tuple[Any, Any]]]:
+        """Each variable's local copies that add up to its value (several under tf.distribute), as (handle, dtype)."""
+        return [[(c.handle, c.dtype) for c in replica_local.parts(v)] for v in self.variables]
+
+    def snapshot(self) -> list[Any] | np.ndarray:
+        """This rank's state as one eager tensor per variable (one ``ReadVariableOp`` per local copy, the copies
+        added: ~12 us against ~170 us for a compiled call and its transfer; ``value()`` would add as much again in
+        Python). Every metric variable of tf_keras and of Keras 3 on TensorFlow, and their tf.distribute copies, is a
+        resource variable: they copy on write, so later steps do not change the tensors; :func:`_flat` makes them
+        one float64 vector. If a read fails here, the state read eagerly, flat (the same vector: the layout holds)."""
+        import tensorflow as tf
+        from tensorflow.python.ops.gen_resource_variable_ops import read_variable_op
+
+        try:
+            tensors = [[read_variable_op(handle, dtype) for handle, dtype in copies] for copies in self._handles]
+            self._last_read = [t[0] if len(t) == 1 else tf.add_n(t) for t in tensors]
+        except Exception:  # noqa: BLE001 - read the other way: every way gives the same vector
+            self._last_read = None  # (if that fails too)
             self._last_read = self._read_eagerly()
         return self._last_read
-
-    def snapshot(self) -> list[Any] | None:
-        """This rank's state as one eager tensor per variable (a read op each: ~12 us against ~170 us for a compiled
-        call and its transfer), or ``None`` if these variables cannot be read that way. Resource variables copy
-        on write, so later steps do not change the tensors; :func:`_flat` makes them one float64 vector."""
-        self._last_read = None
-        if self._snapshot is None:
-            self._snapshot = _snapshot_reader([replica_local.parts(v) for v in self.variables]) or False
-        if self._snapshot is False:
-            return None
-        try:
-            self._last_read = self._snapshot()
-        except Exception:  # noqa: BLE001 - read the other way: every way gives the same vector, so the layout holds
-            self._snapshot = False
-        return self._last_read  # type: ignore[return-value]
 
     def samples(self, flat: np.ndarray) -> float:
         """How many samples ``flat`` covers (the loss tracker's count), 1 if unknown."""
@@ -448,43 +437,11 @@ def _reading(variables: list[Any]) -> Callable[[], Any]:
     return read
 
 
-def _snapshot_reader(copies: list[list[Any]]) -> Callable[[], list[Any]] | None:
-    """A function reading each variable eagerly with one ``ReadVariableOp`` per copy (``copies``: each variable's
-    local copies that add up to its value, :func:`.replica_local.parts`; tf.Variable and Keras 3's TensorFlow
-    variables both have a ``handle``; several copies, one per local tf.distribute replica, are added), or ``None``
-    if they are not resource variables."""
-    try:
-        import tensorflow as tf
-        from tensorflow.python.ops import gen_resource_variable_ops
-
-        read_op = gen_resource_variable_ops.read_variable_op
-        handles = [[(c.handle, tf.as_dtype(_dtype_name(c))) for c in variable] for variable in copies]
-        if not all(getattr(handle, "dtype", None) == tf.resource for both in handles for handle, _ in both):
-            return None
-    except Exception:  # noqa: BLE001 - not resource variables: the compiled reader reads them
-        return None
-
-    def read_one(pairs: list[tuple[Any, Any]]) -> Any:
-        tensors = [read_op(handle, dtype) for handle, dtype in pairs]
-        return tensors[0] if len(tensors) == 1 else tf.add_n(tensors)
-
-    def read() -> list[Any]:
-        return [read_one(pairs) for pairs in handles]
-
-    return read
-
-
 def _flat(values: np.ndarray | list[Any]) -> np.ndarray:
     """A state as one flat float64 vector (a snapshot's tensors, or an already flat vector)."""
     if isinstance(values, np.ndarray):
         return values
     return np.concatenate([np.asarray(t, dtype=np.float64).ravel() for t in values])
-
-
-def _compiled_reader(variables: list[Any]) -> Any:
-    import tensorflow as tf
-
-    return tf.function(_reading(variables), autograph=False)
 
 
 def _symbolic_results(metrics: list[Any], unwrapped: bool = False) -> dict[str, Any]:

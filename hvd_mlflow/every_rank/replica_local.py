@@ -8,8 +8,8 @@ through a ``merge_call``, and an assign there writes ``value / replicas`` into e
 collective again). hvd-mlflow needs each worker's own state (it sums the states over workers itself, once, in its
 epoch collective) and the results of a given state on this worker alone, so here:
 
-* :func:`components`: a variable's local copies (``.values``), read directly: no collective; :func:`parts`, those
-  that add up to this worker's value;
+* :func:`parts`: those of a variable's local copies (``.values``) that add up to this worker's value, read
+  directly: no collective;
 * :func:`in_replicas`: a function run in replica context (``strategy.run``), where an assign writes this replica's
   copy and a read reads it; the first local replica's result;
 * :func:`result`: a metric's own ``result`` (the class's: not tf_keras' ``merge_call`` wrapper on the instance);
@@ -42,20 +42,14 @@ def is_distributed(variable: Any) -> bool:
     return isinstance(tf_variable(variable), tf.distribute.DistributedValues)
 
 
-def components(variable: Any) -> list[Any]:
-    """This process's own copies of a tf.distribute variable (one per local replica: reading them is no collective),
-    or the variable itself."""
-    inner = tf_variable(variable)
-    if is_distributed(inner):
-        return list(inner.values)
-    return [inner]
-
-
 def parts(variable: Any) -> list[Any]:
-    """The local copies that add up to this worker's value of ``variable``: all of them (each replica's own part),
-    or the first one of a variable the strategy keeps in step (each copy holds the total)."""
-    copies = components(variable)
-    return copies[:1] if kept_in_step(variable) else copies
+    """The local copies that add up to this worker's value of ``variable`` (this process's own: one per local
+    replica, reading them is no collective): all of them (each replica's own part), or the first one of a variable
+    the strategy keeps in step (each copy holds the total); outside tf.distribute the variable itself."""
+    inner = tf_variable(variable)
+    if not is_distributed(inner):
+        return [inner]
+    return list(inner.values)[:1] if kept_in_step(variable) else list(inner.values)
 
 
 def strategy_of(variables: Sequence[Any]) -> Any | None:

@@ -11,6 +11,7 @@ from ..common import topology
 from ..common.dependencies import installed_version
 from . import keras_flavour
 from .aggregate import scalar
+from .collectives import Collectives
 
 
 def versions(flavour: str) -> dict[str, str]:
@@ -56,26 +57,21 @@ def optimizer_params(model: Any) -> dict[str, str]:
 
 
 def training_params(
-    keras_params: Mapping[str, Any],
-    model: Any,
-    *,
-    world_size: int,
-    batch_size: int | None,
-    initial_epoch: int,
-    flavour: str,
-    batch_is_global: bool = False,
+    keras_params: Mapping[str, Any], model: Any, comm: Collectives, batch_size: int | None, epoch: int, flavour: str
 ) -> dict[str, str]:
-    """Params of a run: the training's shape over all ranks, the optimizer and the software versions. ``batch_size``:
-    fit's, each rank's (Horovod), or the global batch the engine splits over ranks (``batch_is_global``:
-    tf.distribute)."""
-    if batch_size and batch_is_global:
+    """Params of a run: the training's shape over all ranks (``comm``'s; ``epoch``: the fit's first), the optimizer
+    and the software versions.
+    ``batch_size``: fit's, each rank's (Horovod), or the global batch the engine splits over ranks (tf.distribute:
+    ``comm.batch_is_global``)."""
+    world_size = comm.size
+    if batch_size and comm.batch_is_global:
         global_batch, batch_size = batch_size, batch_size // world_size if batch_size % world_size == 0 else None
     else:
         global_batch = batch_size * world_size if batch_size else None
     params: dict[str, Any] = {
         "epochs": keras_params.get("epochs"),
         "steps_per_epoch": keras_params.get("steps"),
-        "initial_epoch": initial_epoch,
+        "initial_epoch": epoch,
         "world_size": world_size,
         "batch_size": batch_size,
         "global_batch_size": global_batch,
@@ -88,23 +84,16 @@ def training_params(
 GLOBAL_BATCH = "global batch"  # the reduction tag under keras.distribution: Keras' values, computed on the global batch
 
 
-def run_tags(
-    *,
-    world_size: int,
-    reduction: str,
-    flavour: str,
-    extra: Mapping[str, str],
-    engine: str = "horovod",
-    values_are_global: bool = False,
-) -> dict[str, str]:
-    """The run's tags. ``values_are_global``: the engine's Keras values are global already (nothing is reduced)."""
+def run_tags(comm: Collectives, options: Any, flavour: str) -> dict[str, str]:
+    """The run's tags: ``comm``'s engine and size, ``options``' reduction and extra tags. An engine whose Keras values
+    are global already (``comm.values_are_global``) reduces nothing."""
     tags = {
-        "hvd_mlflow.engine": engine,
-        "hvd_mlflow.world_size": str(world_size),
-        "hvd_mlflow.reduction": GLOBAL_BATCH if values_are_global and world_size > 1 else reduction,
+        "hvd_mlflow.engine": comm.engine,
+        "hvd_mlflow.world_size": str(comm.size),
+        "hvd_mlflow.reduction": GLOBAL_BATCH if comm.values_are_global and comm.size > 1 else options.reduction,
         "hvd_mlflow.keras_flavour": flavour,
     }
-    tags.update({str(k): str(v) for k, v in extra.items()})
+    tags.update({str(k): str(v) for k, v in options.extra_tags.items()})
     return tags
 
 

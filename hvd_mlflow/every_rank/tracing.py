@@ -64,12 +64,6 @@ class Traced:
     def ready(self) -> bool:
         return self.concrete is not None
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the trace to end (tests); whether it is ready."""
-        if self._thread is not None:
-            self._thread.join(timeout)
-        return self.ready
-
 
 class Agreement:
     """Whether this fit's epoch ends run compiled, agreed in the epoch collectives (the same on every rank)."""

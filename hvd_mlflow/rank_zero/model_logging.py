@@ -8,7 +8,7 @@ TensorFlow SavedModel (``model/saved_model``, what AzureML deployments load) and
 The model upload ends with ``fit``. ``timeout`` is the model's share of ``flush_timeout``:
 
 1. none left (0 or less): nothing is saved or started; one warning.
-2. a copy is saved on the training thread (:mod:`hvd_mlflow.rank_zero.model_copy`); from then on nothing reads the
+2. a copy is saved on the training thread (:func:`save_copy`); from then on nothing reads the
    live model, which the script may change or train on as soon as ``fit`` returns.
 3. the copy goes up from a thread that ``fit`` waits for, file by file, entry file last, every request bounded, and
    undone if it cannot finish (:mod:`hvd_mlflow.delivery.model_upload`, which says why that is whole or nothing and
@@ -28,12 +28,19 @@ from typing import Any
 
 from .._log import logger
 from ..common import compat
+from ..common.dependencies import installed_version
 from ..delivery.model_upload import ARTIFACT_PATH, ModelUpload
-from . import model_copy
+from ..every_rank import keras_flavour
 
 THREAD_NAME = "hvd-mlflow-model"
 UNDO_SHARE, UNDO_MAX_S = 0.25, 2.0  # of the time left after the save: kept to remove what was sent, at most this
 JOIN_SLACK_S = 2.0  # beyond the deadline: a request's timeouts (per socket operation), the undo's last removal
+# what a saved model needs installed to load, by the backend it was trained on
+REQUIREMENTS = {
+    "tensorflow": ("tensorflow-cpu", "tensorflow", "tf-keras", "keras"),
+    "jax": ("keras", "jax", "jaxlib"),
+    "torch": ("keras", "torch"),
+}
 
 
 def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout: float) -> bool:
@@ -50,7 +57,7 @@ def log_model(model: Any, run_id: str, flavour: str, as_artifacts: bool, timeout
         return False
     folder = Path(tempfile.mkdtemp(prefix="hvd_mlflow_model_"))
     try:
-        copy = model_copy.save(model, folder, flavour, mlflow_model=not as_artifacts, run_id=run_id)
+        copy = save_copy(model, folder, flavour, mlflow_model=not as_artifacts, run_id=run_id)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -93,3 +100,44 @@ def _not_logged(run_id: str, why: str, copy: Path) -> None:
         str(copy),
         ARTIFACT_PATH,
     )
+
+
+def save_copy(model: Any, folder: Path, flavour: str, mlflow_model: bool, run_id: str) -> Path:
+    """Save ``model`` into ``folder/model`` (an MLflow model with ``mlflow_model``, else plain files): the trained
+    model's copy on local disk, saved on the training thread before any upload.
+
+    Saved while ``fit`` is still in its end, on the thread that trains: once ``fit`` returns the script may train on,
+    change the weights or exit, and the upload (:mod:`hvd_mlflow.delivery.model_upload`) reads only this copy, never
+    the live model. Two forms:
+
+    * an MLflow model (``MLmodel`` and the flavour's files), logged as MLflow logs it: MLflow's ``tensorflow`` flavour
+      for a model on TensorFlow, its ``keras`` flavour (Keras' own ``.keras`` file, any backend) for Keras 3 on JAX or
+      PyTorch;
+    * on AzureML, which has no logged-models API, plain files: a TensorFlow SavedModel (``saved_model/``, what AzureML
+      deployments load) and, with Keras 3, the native ``model.keras`` (alone off TensorFlow: a SavedModel needs it).
+    """
+    target = folder / "model"
+    backend = keras_flavour.backend(model)
+    if mlflow_model:
+        from mlflow.models import Model
+
+        if backend == "tensorflow":
+            from mlflow.tensorflow import save_model
+        else:  # MLflow's keras flavour: Keras 3's own format, any backend, no TensorFlow
+            from mlflow.keras import save_model
+        save_model(model, str(target), mlflow_model=Model(artifact_path="model", run_id=run_id),
+                   pip_requirements=requirements(backend))  # fmt: skip
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    if flavour == "keras" and hasattr(model, "export"):  # Keras 3
+        model.save(target / "model.keras")
+        if backend == "tensorflow":
+            model.export(str(target / "saved_model"))
+    else:  # tf_keras / Keras 2: a SavedModel directory
+        model.save(str(target / "saved_model"), save_format="tf")
+    return target
+
+
+def requirements(backend: str = "tensorflow") -> list[str]:
+    """Pinned requirements of the MLflow model, without MLflow's slow inference (it loads the model again)."""
+    return [f"{name}=={v}" for name in REQUIREMENTS.get(backend, ("keras",)) if (v := installed_version(name))]

@@ -27,10 +27,10 @@ class RunLogger:
     Example::
 
         run_logger = RunLogger(destination.resolve(None), journal_dir=Path(".hvd_mlflow/journal"))
-        run_logger.start()
+        run_logger.sender.start()
         run_logger.log_params({"epochs": "10"})
         run_logger.log_metrics_many([(0, int(time.time() * 1000), {"loss": 0.7})])
-        run_logger.close("FINISHED", deadline=time.monotonic() + 60)
+        run_logger.sender.close("FINISHED", deadline=time.monotonic() + 60)
     """
 
     def __init__(
@@ -72,16 +72,10 @@ class RunLogger:
             self.journal.release()  # its writer lock must not outlive this failure
             raise
 
-    def start(self) -> None:
-        self.sender.start()
-
     def log_params(self, params: Mapping[str, object]) -> None:
         """Log ``params``; over the server's params-per-run limit (AzureML: 200), and for names that collide once
         cleaned, the rest go to a JSON artifact ``hvd_mlflow/params-<journal id>.json`` with a warning."""
-        names = self._param_names(params)
-        clean = {names[k]: self._fit(f"param {k!r}", str(v), self.limits.param_value_length) for k, v in params.items()
-                 if k in names}  # fmt: skip
-        over = {k: redact(str(v)) for k, v in params.items() if k not in names}  # an artifact: never a secret
+        clean, over = self._cleaned(params, self._param_names, "param", self.limits.param_value_length)
         if over:
             warn_once(
                 "param-collision:" + ",".join(sorted(over)),
@@ -115,10 +109,7 @@ class RunLogger:
     def log_tags(self, tags: Mapping[str, str]) -> None:
         """Log ``tags``: keys cleaned and cut to the server's length (AzureML: 100), values cut (AzureML: 1,000);
         keys that collide once cleaned go to a JSON artifact (``hvd_mlflow/tags-<journal id>.json``)."""
-        names = self._tag_names(tags)
-        clean = {names[k]: self._fit(f"tag {k!r}", str(v), self.limits.tag_value_length) for k, v in tags.items()
-                 if k in names}  # fmt: skip
-        collided = {k: redact(str(v)) for k, v in tags.items() if k not in names}  # an artifact: never a secret
+        clean, collided = self._cleaned(tags, self._tag_names, "tag", self.limits.tag_value_length)
         if collided:
             path = f"hvd_mlflow/tags-{self.journal.meta().journal_id[:12]}.json"
             warn_once("tag-collision", "hvd-mlflow: tag keys %s become the same key once cleaned; they are kept "
@@ -127,6 +118,12 @@ class RunLogger:
         for part in batching.chunks(list(clean.items()), self.limits.params_tags_per_request):
             self.journal.append("tags", dict(part), durable=False)  # synced by the epoch's commit
         self.sender.notify()
+
+    def _cleaned(self, values: Mapping[str, object], name_map: NameMap, what: str, limit: int) -> tuple[dict, dict]:
+        """``values`` under their clean names, cut to ``limit``; and those whose names collide once cleaned."""
+        names = name_map(values)
+        clean = {names[k]: self._fit(f"{what} {k!r}", str(v), limit) for k, v in values.items() if k in names}
+        return clean, {k: redact(str(v)) for k, v in values.items() if k not in names}  # an artifact: never a secret
 
     def log_folder(self, folder: str, path: str, profile: bool, files: list[str] | None = None) -> None:
         """Upload a local folder's files (TensorBoard's event files) under the artifact ``path``, journaled: what
@@ -145,17 +142,6 @@ class RunLogger:
         if entries:
             self.journal.append_many(entries, durable=durable)
             self.sender.notify()
-
-    def wait_for_run(self, timeout: float) -> str | None:
-        return self.sender.wait_for_run(timeout)
-
-    def close(self, status: str | None, deadline: float) -> bool:
-        """Record the outcome (``None``: leave the run open), deliver until ``deadline``; True if all was."""
-        return self.sender.close(status, deadline)
-
-    def stop(self, wait: float = 0.0) -> None:
-        """Stop sending at once (an elastic reset, logging turned off); what is unsent stays in the journal."""
-        self.sender.stop(wait)
 
     @staticmethod
     def _fit(what: str, value: str, limit: int) -> str:

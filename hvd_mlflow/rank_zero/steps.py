@@ -118,7 +118,7 @@ class RankZeroSteps:
         self._close_csv()
         self._run_logger = None
         with self._rank0.step("delivering the last epochs"):
-            run_logger.close(status, deadline)
+            run_logger.sender.close(status, deadline)
             self.run_id = self.run_id or run_logger.sender.run_id  # a run opened after the last epoch's collective
 
     def _end_at_exit(self) -> None:
@@ -151,21 +151,21 @@ class RankZeroSteps:
             try:
                 run_logger.journal.update_meta(ended=True)  # its run goes on: sync must not end it
             finally:
-                run_logger.stop(wait=HAND_OVER_WAIT_S)
+                run_logger.sender.stop(wait=HAND_OVER_WAIT_S)
 
     def _end_cut_fit(self) -> None:
         """The previous fit raised and nobody ended it (a callback used without autolog): end it FAILED, briefly."""
         run_logger = self._detach()
         if run_logger is not None:
             with self._rank0.step("ending the previous fit's run"):
-                run_logger.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
+                run_logger.sender.close("FAILED", time.monotonic() + HAND_OVER_WAIT_S)
 
     def _stop_logging(self) -> None:
         """Logging off for the rest of this fit (an essential rank-0 step failed): never raises."""
         try:
             run_logger = self._detach()
             if run_logger is not None:
-                run_logger.stop()
+                run_logger.sender.stop()
         except Exception as error:  # noqa: BLE001 - already degrading: say it and go on
             logger.warning("hvd-mlflow: could not stop the sender cleanly: %s", error)
 
@@ -180,14 +180,7 @@ class RankZeroSteps:
         within ``run_wait``, so that every rank learns its id before a reset; else once the first epoch has ended)."""
         link = self._elastic.link if self._elastic else None
         dest = destination.resolve((link.run_id if link else None) or self._captured_run_id)
-        tags = run_params.run_tags(
-            world_size=self._comm.size,
-            reduction=self.options.reduction,
-            flavour=self._flavour or "keras",
-            extra=self.options.extra_tags,
-            engine=self._comm.engine,
-            values_are_global=self._comm.values_are_global,
-        )
+        tags = run_params.run_tags(self._comm, self.options, self._flavour or "keras")
         directory = Path(self.options.journal_dir) if self.options.journal_dir else journal.default_directory()
         self._owns_run = dest.run_id is None or bool(link and link.owns_run)
         self._run_logger = RunLogger(
@@ -204,11 +197,11 @@ class RankZeroSteps:
         if dest.run_id is not None:
             return
         with self._rank0.step("starting the sender"):  # it creates the run once the first epoch has ended
-            self._run_logger.start()
+            self._run_logger.sender.start()
         if link is None:  # its id rides in the epoch collectives (fit_plan.run_id_carry): nothing waits for it
             return
         if self._run_logger.sender.alive:  # elastic: every rank must know the run before a reset can come
-            self.run_id = self._run_logger.wait_for_run(self.options.run_wait)
+            self.run_id = self._run_logger.sender.wait_for_run(self.options.run_wait)
         if self.run_id is None:
             logger.info(
                 "hvd-mlflow: the MLflow run at %s is not open after %.0f s; metrics are journaled and "
@@ -238,15 +231,8 @@ class RankZeroSteps:
 
     def _described(self, epoch: int) -> tuple[dict[str, str], dict[str, str]]:
         """Rank 0: the run's params (``epoch``: the first epoch's) and the hosts tag (the agreed hosts)."""
-        params = run_params.training_params(
-            self.params or {},
-            self.model,
-            world_size=self._comm.size,
-            batch_size=self._batch_size,
-            initial_epoch=epoch,
-            flavour=self._flavour or "keras",
-            batch_is_global=self._comm.batch_is_global,
-        )
+        flavour = self._flavour or "keras"
+        params = run_params.training_params(self.params or {}, self.model, self._comm, self._batch_size, epoch, flavour)
         return {**params, **self.options.extra_params}, run_params.hosts_tag(self._hosts)
 
     def _log_params(self, epoch: int | None) -> None:
@@ -344,4 +330,4 @@ def _say_ended_at_exit(owns_run: bool, flush_timeout: float, journal: str) -> No
 def _end_orphaned(run_logger: RunLogger, owns_run: bool, flush_timeout: float) -> None:
     """At exit, a cut fit whose callback was collected (:mod:`.exit_hook`): its run ends FAILED, bounded alike."""
     _say_ended_at_exit(owns_run, flush_timeout, run_logger.journal.location)
-    run_logger.close("FAILED", time.monotonic() + flush_timeout)
+    run_logger.sender.close("FAILED", time.monotonic() + flush_timeout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -121,15 +121,13 @@ def _sync_one(path: Path, tracking_uri: str | None, *, keep: bool, force: bool) 
         journal_module.inspect(path)  # before anything is said on stderr: a refusal is one line
         with click.progressbar(length=0, label=path.name, file=sys.stderr) as bar:
 
-            def progress(done: int, total: int) -> None:
+            def progress(settled: int, total: int) -> None:
                 bar.length = total
-                bar.update(done - bar.pos)
+                bar.update(settled)
 
             result = sync_one(path, tracking_uri, keep=keep, force=force, on_progress=progress)
     except journal_module.NotAJournal as error:
         return f"{path}: refused, not an hvd-mlflow journal ({error}); left untouched"
-    except click.ClickException:
-        raise
     except Exception as error:  # noqa: BLE001 - go on with the other journals, fail at the end
         return f"{path}: not uploaded: {' '.join(redact(str(error)).split())[:500]}"
     click.echo(result.summary())
@@ -157,9 +155,9 @@ def import_csv(csv_file: Path, run_id: str | None, experiment: str | None, track
         raise click.UsageError("give exactly one of --run-id and --experiment")
     with click.progressbar(length=0, label=f"{csv_file.name}: epochs", file=sys.stderr) as bar:
 
-        def progress(done: int, total: int) -> None:
+        def progress(settled: int, total: int) -> None:
             bar.length = total
-            bar.update(done - bar.pos)
+            bar.update(settled)
 
         result = do_import(
             csv_file, run_id=run_id, experiment=experiment, tracking_uri=tracking_uri, on_progress=progress
@@ -180,12 +178,9 @@ def plot(run_id: str, metrics: tuple[str, ...], output: Path, tracking_uri: str 
     RUN_ID may be ``last``: the most recently started run of MLFLOW_EXPERIMENT_ID / MLFLOW_EXPERIMENT_NAME, else
     of the default experiment.
     """
-    import mlflow
     from mlflow import MlflowClient
 
-    from .plotting import curves, save_png
-
-    client = MlflowClient(tracking_uri or mlflow.get_tracking_uri())
+    client = MlflowClient(tracking_uri)  # None: MLflow's tracking URI
     if run_id == "last":
         run_id = _last_run_id(client)
     charts = curves(client, run_id, metrics or None)
@@ -208,6 +203,44 @@ def _last_run_id(client: object) -> str:
     return runs[0].info.run_id
 
 
+def curves(client: Any, run_id: str, metrics: Iterable[str] | None = None) -> dict[str, dict[str, list]]:
+    """A run's training curves, ``{chart: {key: [(step, value), ...]}}``: each metric with its ``val_`` twin on one
+    chart."""
+    keys = sorted(metrics or client.get_run(run_id).data.metrics)
+    charts: dict[str, dict[str, list]] = {}
+    for key in keys:
+        chart = key[4:] if key.startswith("val_") else key
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        charts.setdefault(chart, {})[key] = history
+    return charts
+
+
+def save_png(charts: dict[str, dict[str, list]], path: Path, title: str = "") -> Path:
+    """The charts as a PNG, train and validation of each metric on one chart (as Studio shows them)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(3, max(1, len(charts)))
+    rows = (len(charts) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.2 * rows), squeeze=False)
+    for ax, (chart, series) in zip(axes.flat, charts.items(), strict=False):
+        for key, points in series.items():
+            ax.plot([s for s, _ in points], [v for _, v in points], marker="o", ms=3, label=key)
+        ax.set(title=chart, xlabel="epoch (step)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(charts) :]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 @main.command()
 def doctor() -> None:
     """What this environment will do: Python, TensorFlow and Keras flavour, Horovod build, ranks, tracking URI
@@ -217,23 +250,16 @@ def doctor() -> None:
     from .doctor import checks, reports
 
     found = checks()
-    if not reports():  # under mpirun: every rank joins the checks, rank 0 alone says what the job will do
-        failed = [check for check in found if not check.ok]
-        for check in failed:  # ... but a rank that could not join says why, and its exit ends the job (mpirun)
-            click.echo(f"!! {check.name:<24} {check.value}\n   {'':<24} -> {check.fix}")
-        if failed:
-            raise SystemExit(1)
-        return
-    bad = 0
-    for check in found:
+    # under mpirun every rank joins the checks and rank 0 alone says what the job will do, but a rank that could not
+    # join says why (its failures: they carry no warning), and its exit ends the job
+    for check in found if reports() else [check for check in found if not check.ok]:
         mark = "ok " if check.ok and not check.warning else "?? " if check.ok else "!! "
         click.echo(f"{mark}{check.name:<24} {check.value}")
         if check.warning:
             click.echo(f"   {'':<24} -> {check.warning}")
         if not check.ok:
-            bad += 1
             click.echo(f"   {'':<24} -> {check.fix}")
-    if bad:
+    if not all(check.ok for check in found):
         raise SystemExit(1)
 
 

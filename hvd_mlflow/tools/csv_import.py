@@ -91,7 +91,7 @@ def import_csv(
     run_id: str | None,
     experiment: str | None,
     tracking_uri: str | None,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int], None] = lambda settled, total: None,
 ) -> Imported:
     import mlflow
 
@@ -106,7 +106,7 @@ def import_csv(
         final_status="FINISHED",
     ))  # fmt: skip
     uploader = Uploader(journal, client, for_tracking_uri(uri))
-    run = uploader.ensure_run()
+    run = uploader.run.ensure_run()
     names = NameMap(what="metric")(sorted({k for row in rows for k in row if k != "epoch"}))
     present = {name: {m.step for m in client.get_metric_history(run, name)} for name in names.values()}
     now = int(time.time() * 1000)
@@ -117,12 +117,9 @@ def import_csv(
         if missing:
             journal.append("metrics", missing, step=row["epoch"], timestamp_ms=now + row["epoch"])
             sent += len(missing)
-    total, done = journal.count(), 0
-    while settled := uploader.upload_some():
-        done += settled
-        if on_progress:
-            on_progress(done, total)
-    if uploader.meta.created_run and not run_id:
+    total = journal.count()
+    uploader.deliver(until_done=True, on_progress=lambda settled: on_progress(settled, total))
+    if uploader.run.meta.created_run and not run_id:
         uploader.finish()
     journal.close()
     client.set_tag(run, JOURNAL_ID_TAG, checksum)

@@ -92,60 +92,44 @@ def sync_one(
     *,
     keep: bool,
     force: bool,
-    on_progress: Callable[[int, int], None] | None = None,
+    on_progress: Callable[[int, int], None] = lambda settled, total: None,
 ) -> Synced:
-    """Deliver one journal; :class:`~hvd_mlflow.delivery.journal.NotAJournal` (the file untouched) when it is not
-    one."""
+    """Deliver one journal, saying ``on_progress(settled, total)`` as entries are settled;
+    :class:`~hvd_mlflow.delivery.journal.NotAJournal` (the file untouched) when it is not one."""
     meta = journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
     if not force and journal_module.written_now(path, meta):  # a live writer's journal is not even opened
         return Synced(path, skipped=_LIVE)
     with contextlib.closing(FileJournal.open(path)) as journal:
         if not journal.take_over() and not force:  # it came alive meanwhile
             return Synced(path, skipped=_LIVE)
-        return _deliver(journal, tracking_uri, keep=keep, on_progress=on_progress)
+        from ..delivery.limits import for_tracking_uri
+        from ..delivery.uploader import Uploader
 
-
-def _deliver(
-    journal: FileJournal, tracking_uri: str | None, *, keep: bool, on_progress: Callable[[int, int], None] | None
-) -> Synced:
-
-    from ..delivery.limits import for_tracking_uri
-    from ..delivery.uploader import Uploader
-
-    path = journal.path
-    meta = journal.meta()
-    # "": the training's MLflow default, which it had not resolved yet: MLflow's default in its working directory
-    uri = tracking_uri or meta.tracking_uri or compat.default_tracking_uri(meta.working_directory)
-    if not tracking_uri and meta.tracking_uri_has_credentials:
-        uri = destination.tracking_uri_from_environment() or ""
-        if not uri:
-            raise ValueError(f"{path}: its tracking URI carried credentials, which journals never store; give it "
-                             "with --tracking-uri or MLFLOW_TRACKING_URI")  # fmt: skip
-    client = compat.command_line_client(uri)
-    result = Synced(path)
-    _settle_outcome(journal, meta, client, result)
-    uploader = Uploader(journal, client, for_tracking_uri(uri))
-    total, rejected_before = journal.count(), journal.count(journal_module.REJECTED)
-    logger.info("hvd-mlflow: %s: %d entries to send to %s, run %s", path, total, mask_uri(uri),
-                meta.run_id or "not created yet")  # fmt: skip
-    done = 0
-
-    def progress(settled: int) -> None:
-        nonlocal done
-        done += settled
-        if on_progress is not None:
-            on_progress(done, total)
-
-    uploader.deliver(until_done=True, on_progress=progress)
-    uploader.finish()
-    result.run_id = uploader.run_id
-    result.left = journal.count()
-    result.rejected_count = journal.count(journal_module.REJECTED)
-    result.uploaded = total - result.left - (result.rejected_count - rejected_before)
-    result.rejected = journal.rejected(_REPORTED)
-    if result.left == 0 and not result.rejected_count and not keep:
-        journal.delete()
-    return result
+        meta = journal.meta()
+        # "": the training's MLflow default, which it had not resolved yet: MLflow's default in its working directory
+        uri = tracking_uri or meta.tracking_uri or compat.default_tracking_uri(meta.working_directory)
+        if not tracking_uri and meta.tracking_uri_has_credentials:
+            uri = destination.tracking_uri_from_environment() or ""
+            if not uri:
+                raise ValueError(f"{path}: its tracking URI carried credentials, which journals never store; give "
+                                 "it with --tracking-uri or MLFLOW_TRACKING_URI")  # fmt: skip
+        client = compat.command_line_client(uri)
+        result = Synced(path)
+        _settle_outcome(journal, meta, client, result)
+        uploader = Uploader(journal, client, for_tracking_uri(uri))
+        total, rejected_before = journal.count(), journal.count(journal_module.REJECTED)
+        logger.info("hvd-mlflow: %s: %d entries to send to %s, run %s", path, total, mask_uri(uri),
+                    meta.run_id or "not created yet")  # fmt: skip
+        uploader.deliver(until_done=True, on_progress=lambda settled: on_progress(settled, total))
+        uploader.finish()
+        result.run_id = uploader.run_id
+        result.left = journal.count()
+        result.rejected_count = journal.count(journal_module.REJECTED)
+        result.uploaded = total - result.left - (result.rejected_count - rejected_before)
+        result.rejected = journal.rejected(_REPORTED)
+        if result.left == 0 and not result.rejected_count and not keep:
+            journal.delete()
+        return result
 
 
 def _settle_outcome(journal: FileJournal, meta: JournalMeta, client: object, result: Synced) -> None:

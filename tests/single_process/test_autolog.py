@@ -11,6 +11,7 @@ import pytest
 
 import hvd_mlflow
 from hvd_mlflow.every_rank import keras_flavour
+from tests.support.flavours import importable
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -60,7 +61,7 @@ class Spy:
         monkeypatch.setattr(keras.callbacks.CallbackList, "on_train_begin", on_train_begin)
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, monkeypatch, flavour, tmp_path):
     model, keras = small_model(flavour)
     spy = Spy(keras, monkeypatch)
@@ -82,7 +83,7 @@ def test_autolog_logs_every_epoch_once_with_callback_first(tracking, client, mon
 
 
 def test_disable_restores_fit(tracking):
-    originals = {f: keras_flavour.model_class(f).fit for f in keras_flavour.importable()}
+    originals = {f: keras_flavour.model_class(f).fit for f in importable()}
     hvd_mlflow.autolog()
     assert all(keras_flavour.model_class(f).fit is not originals[f] for f in originals)
     hvd_mlflow.autolog(disable=True)
@@ -140,7 +141,7 @@ def test_callback_logs_into_the_run_it_is_given(tracking, client):
 
 
 def test_callback_of_the_wrong_flavour_is_refused_clearly():
-    flavours = keras_flavour.importable()
+    flavours = importable()
     if len(flavours) < 2:
         pytest.skip("only one Keras flavour is installed here")
     model, _ = small_model("tf_keras")
@@ -183,7 +184,7 @@ def custom_step_model(keras):
     return model
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 def test_samples_per_s_counts_samples_or_is_not_logged(tracking, client, flavour, caplog):
     """samples_per_s x epoch_time_s is the epoch's 32 samples; a loss tracker that counts batches (4 per epoch here)
     gives no samples_per_s, with one warning, instead of batches per second."""
@@ -215,7 +216,7 @@ def plain_wrapper(fit, calls: list[str]):
     return fit_wrapper
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 @pytest.mark.parametrize("installed", ["before autolog", "after autolog"])
 @pytest.mark.parametrize("given", ["by keyword", "positionally"])
 def test_a_plain_fit_wrapper_still_gets_the_callback(tracking, client, monkeypatch, flavour, installed, given):
@@ -247,7 +248,7 @@ def test_a_plain_fit_wrapper_still_gets_the_callback(tracking, client, monkeypat
     assert ("val_loss" in run.data.metrics) == (given == "positionally")  # validation_split=0.25 reached Keras
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 def test_a_fit_wrapper_that_cannot_take_callbacks_is_refused_before_training(tracking, client, monkeypatch, flavour):
     """A wrapper with neither a ``callbacks`` parameter nor ``**kwargs``: fit raises HvdMlflowError before Keras
     starts (no epoch, no run), saying why; with the user's own callback in the list it runs as usual."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric
 
-from hvd_mlflow.tools.plotting import curves
+from hvd_mlflow.tools.cli import curves
 from tests.support.environment import clean_environment
 
 pytestmark = pytest.mark.once  # the command line and the uploader: no Keras in them

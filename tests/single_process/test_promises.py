@@ -18,6 +18,7 @@ import pytest
 import hvd_mlflow
 from hvd_mlflow.every_rank import keras_flavour
 from tests.single_process.test_autolog import data, runs_of, small_model, tracking  # noqa: F401 - registers it
+from tests.support.flavours import importable
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +78,7 @@ def learning_rate_recorder(keras):
     return Rates()
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 def test_logged_learning_rate_follows_reduce_lr_on_plateau(experiment, client, flavour):
     """README.md:134, docs/reference.md:164, docs/training-dynamics.md:10 ("`ReduceLROnPlateau` included"): the
     learning_rate logged each epoch is the optimizer's. A min_delta no loss can beat makes every epoch after the first
@@ -100,7 +101,7 @@ def csv_rows(path):
         return list(csv.reader(file))
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 @pytest.mark.parametrize("resumed_by", ["the same callback", "a new callback"])
 def test_csv_path_appends_when_fit_resumes(experiment, client, tmp_path, flavour, resumed_by):
     """docs/reference.md:67 ("appending when `fit` resumes"): csv_path writes with Keras' CSVLogger; two epochs, then a

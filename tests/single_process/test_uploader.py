@@ -309,7 +309,7 @@ class _RecordingReads:
 def test_the_over_budget_csv_is_built_a_page_at_a_time(tmp_path, mlflow_server, client, monkeypatch):
     """The held values are read from the journal a page at a time (it read them all in one list, with every row in a
     set and a sorted copy); the CSV still holds each held value once, sorted by name and step, NaN included."""
-    from hvd_mlflow.delivery import over_budget_csv as delivery
+    from hvd_mlflow.delivery import metric_names as delivery
 
     monkeypatch.setattr(delivery, "HELD_PAGE", 7)
     journal = _keyed_journal(tmp_path, mlflow_server.url, ["a", "b", "c"], steps=30, max_metric_names=2,

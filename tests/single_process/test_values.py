@@ -19,12 +19,12 @@ def test_nan_inf_are_kept_and_overlong_params_truncated_with_a_warning(tmp_path,
     caplog.set_level(logging.WARNING, "hvd_mlflow")
     run_id = client.create_run(client.create_experiment(f"values-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(mlflow_server.url, run_id, None, None, False), tmp_path / "journal")
-    run_logger.start()
+    run_logger.sender.start()
     run_logger.sender.begin()
     run_logger.log_params({"long": "x" * 7000, "short": "ok"})
     values = {"loss": math.nan, "grad_norm": math.inf, "neg": -math.inf, "acc": 0.5}
     run_logger.log_metrics_many([(0, int(time.time() * 1000), values)])
-    assert run_logger.close("FINISHED", deadline=time.monotonic() + 30)
+    assert run_logger.sender.close("FINISHED", deadline=time.monotonic() + 30)
     run = client.get_run(run_id)
     assert run.data.params["short"] == "ok" and run.data.params["long"] == "x" * 6000
     assert sum("'long' is 7000 characters long" in r.getMessage() for r in caplog.records) == 1
@@ -43,11 +43,11 @@ def test_tags_are_cut_to_azureml_lengths_with_a_warning(tmp_path, mlflow_server,
     monkeypatch.setattr(limits, "for_tracking_uri", lambda uri: limits.AZUREML)
     run_id = client.create_run(client.create_experiment(f"tags-{uuid.uuid4().hex[:8]}")).info.run_id
     run_logger = RunLogger(Destination(mlflow_server.url, run_id, None, None, False), tmp_path / "journal")
-    run_logger.start()
+    run_logger.sender.start()
     run_logger.sender.begin()
     long_key = "k" * 150
     run_logger.log_tags({long_key: "v" * 1500, "short": "s" * 1000})
-    assert run_logger.close("FINISHED", deadline=time.monotonic() + 30)
+    assert run_logger.sender.close("FINISHED", deadline=time.monotonic() + 30)
     tags = client.get_run(run_id).data.tags
     assert tags["k" * 100] == "v" * 1000 and tags["short"] == "s" * 1000
     assert not [key for key in tags if len(key) > 100 or len(tags[key]) > 1000]

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from hvd_mlflow.every_rank import tracing
-from hvd_mlflow.every_rank.aggregate import MetricKeyMismatchError, Reducer, key_signature, numeric_entries, scalar
+from hvd_mlflow.every_rank.aggregate import (
+    MetricKeyMismatchError,
+    Part,
+    Reducer,
+    key_signature,
+    numeric_entries,
+    scalar,
+)
 from hvd_mlflow.every_rank.collectives import Solo
 from hvd_mlflow.every_rank.metric_state import MetricState
 
@@ -35,7 +42,7 @@ class TwoRanks:
     def __init__(self, mode: str, other: dict[str, float], states=()) -> None:
         peer = Peer()
         try:
-            Reducer(peer, mode).reduce(other, "t", states)
+            Reducer(peer, mode).reduce_all([Part(other, tuple(states))], "t")[0]
         except MetricKeyMismatchError:
             pass
         self.other_vector, self.other_keys = peer.vector, list(other)
@@ -77,7 +84,10 @@ def test_numeric_entries_sorted_and_warns_once_per_non_scalar(caplog):
 
 def test_mean_of_two_ranks_is_horovods_unweighted_mean():
     reducer = Reducer(TwoRanks("mean", {"accuracy": 0.5, "loss": 1.0}), "mean")
-    assert reducer.reduce({"accuracy": 0.75, "loss": 3.0}, "t").values == {"accuracy": 0.625, "loss": 2.0}
+    assert reducer.reduce_all([Part({"accuracy": 0.75, "loss": 3.0})], "t")[0].values == {
+        "accuracy": 0.625,
+        "loss": 2.0,
+    }
 
 
 def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
@@ -87,8 +97,12 @@ def test_uneven_shards_weighted_and_exact_differ_from_the_mean():
     union = (100 * 1.0 + 37 * 3.0) / 137
     for mode in ("weighted", "exact"):
         reducer = Reducer(TwoRanks(mode, {"loss": 3.0}, theirs), mode)
-        assert reducer.reduce({"loss": 1.0}, "t", mine).values["loss"] == pytest.approx(union, rel=1e-15)
-    assert Reducer(TwoRanks("mean", {"loss": 3.0}), "mean").reduce({"loss": 1.0}, "t").values["loss"] == 2.0
+        assert reducer.reduce_all([Part({"loss": 1.0}, tuple(mine))], "t")[0].values["loss"] == pytest.approx(
+            union, rel=1e-15
+        )
+    assert (
+        Reducer(TwoRanks("mean", {"loss": 3.0}), "mean").reduce_all([Part({"loss": 1.0})], "t")[0].values["loss"] == 2.0
+    )
 
 
 def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
@@ -97,21 +111,21 @@ def test_exact_uses_the_summed_state_even_where_weighting_is_wrong():
         return MetricState(prefix, np.array([tp, fp]), samples, lambda s: {prefix + "precision": s[0] / (s[0] + s[1])})
 
     reducer = Reducer(TwoRanks("exact", {"precision": 0.1}, [precision("", 1, 9, 50)]), "exact")
-    value = reducer.reduce({"precision": 0.9}, "t", [precision("", 9, 1, 50)]).values["precision"]
+    value = reducer.reduce_all([Part({"precision": 0.9}, (precision("", 9, 1, 50),))], "t")[0].values["precision"]
     assert value == pytest.approx(10 / 20)
 
 
 def test_entries_from_no_metric_fall_back_to_the_weighted_mean():
     mine, theirs = [mean_state("", 30.0, 30, "loss")], [mean_state("", 10.0, 10, "loss")]
     reducer = Reducer(TwoRanks("exact", {"loss": 1.0, "lr": 0.5}, theirs), "exact")
-    out = reducer.reduce({"loss": 1.0, "lr": 0.1}, "t", mine).values
+    out = reducer.reduce_all([Part({"loss": 1.0, "lr": 0.1}, tuple(mine))], "t")[0].values
     assert out["lr"] == pytest.approx((0.1 * 30 + 0.5 * 10) / 40)
 
 
 def test_same_count_different_keys_is_detected_not_mixed():
     comm = TwoRanks("mean", {"accuracy": 0.5, "mae": 1.0})
     with pytest.raises(MetricKeyMismatchError) as error:
-        Reducer(comm, "mean").reduce({"accuracy": 0.75, "loss": 3.0}, "t")
+        Reducer(comm, "mean").reduce_all([Part({"accuracy": 0.75, "loss": 3.0})], "t")[0]
     assert "rank 0 lacks: mae" in str(error.value)
     assert "rank 1 lacks: loss" in str(error.value)
 
@@ -119,18 +133,13 @@ def test_same_count_different_keys_is_detected_not_mixed():
 def test_different_key_counts_are_named():
     comm = TwoRanks("mean", {"accuracy": 0.5, "loss": 1.0, "mae": 2.0})
     with pytest.raises(MetricKeyMismatchError, match="rank 0 lacks: mae"):
-        Reducer(comm, "mean").reduce({"accuracy": 0.75, "loss": 3.0}, "t")
+        Reducer(comm, "mean").reduce_all([Part({"accuracy": 0.75, "loss": 3.0})], "t")[0]
 
 
 def test_solo_runs_no_collective_and_reduces_to_itself():
-    assert Reducer(Solo(), "mean").reduce({"loss": 0.25}, "t").values == {"loss": 0.25}
+    assert Reducer(Solo(), "mean").reduce_all([Part({"loss": 0.25})], "t")[0].values == {"loss": 0.25}
     state = [mean_state("", 5.0, 20, "loss")]
-    assert Reducer(Solo(), "exact").reduce({"loss": 0.25}, "t", state).values == {"loss": 0.25}
-
-
-def test_unknown_reduction_is_refused():
-    with pytest.raises(ValueError, match="unknown reduction 'median'"):
-        Reducer(Solo(), "median")
+    assert Reducer(Solo(), "exact").reduce_all([Part({"loss": 0.25}, tuple(state))], "t")[0].values == {"loss": 0.25}
 
 
 def test_signature_depends_on_order_and_names():
@@ -156,7 +165,7 @@ class TwoRanksGathering:
 
     def __init__(self, other: dict[str, float], spread) -> None:
         peer = GatherPeer()
-        Reducer(peer, "mean", spread=spread).reduce(other, "t")
+        Reducer(peer, "mean", spread=spread).reduce_all([Part(other)], "t")[0]
         self.other_vector = peer.vector
 
     def allgather(self, values, name):
@@ -166,7 +175,7 @@ class TwoRanksGathering:
 def test_rank_spread_is_min_and_max_of_the_ranks_values_from_the_same_collective():
     comm = TwoRanksGathering({"loss": 3.0, "val_loss": 1.0}, spread=["loss"])
     reducer = Reducer(comm, "mean", spread=["loss", "absent"])
-    reduced = reducer.reduce({"loss": 1.0, "val_loss": 2.0}, "t")
+    reduced = reducer.reduce_all([Part({"loss": 1.0, "val_loss": 2.0})], "t")[0]
     assert reduced.values == {"loss": 2.0, "val_loss": 1.5}
     assert reduced.spread == {"loss_rank_min": 1.0, "loss_rank_max": 3.0}  # only present keys, only asked ones
 
@@ -175,7 +184,7 @@ def test_rank_spread_with_different_keys_still_names_them():
     comm = TwoRanksGathering({"loss": 3.0, "mae": 1.0}, spread=["loss"])
     comm.allgather_object = lambda obj, name: [obj, (["loss", "mae"], ["loss", "mae", "mean"])]
     with pytest.raises(MetricKeyMismatchError, match="rank 0 lacks: mae"):
-        Reducer(comm, "mean", spread=["loss"]).reduce({"loss": 1.0}, "t")
+        Reducer(comm, "mean", spread=["loss"]).reduce_all([Part({"loss": 1.0})], "t")[0]
 
 
 def packed(keys, values, samples, states, carry, layout):
@@ -192,7 +201,7 @@ def packed(keys, values, samples, states, carry, layout):
 def test_the_packed_vector_is_the_documented_layout():
     peer = Peer()
     state = MetricState("", np.array([150.0, 100.0]), 100.0, lambda s: {"loss": s[0] / s[1]})
-    Reducer(peer, "exact").reduce({"acc": 0.5, "loss": 1.5}, "t", [state], carry={"rank0_step": 42.0})
+    Reducer(peer, "exact").reduce_all([Part({"acc": 0.5, "loss": 1.5}, (state,), {"rank0_step": 42.0})], "t")[0]
     want = packed(["acc", "loss"], [0.5, 1.5], [100.0, 100.0], [[150.0, 100.0]], [42.0],
                   ["acc", "loss", "exact", ":2", "+rank0_step"])  # fmt: skip
     assert peer.vector.tolist() == want.tolist()
@@ -218,8 +227,8 @@ def test_carried_values_are_summed_and_not_additive_keys_are_weighted():
     other = packed(["loss", "max_err"], [3.0, 0.2], [37.0, 37.0], [[111.0, 37.0]], [0.0], layout)
     state = MetricState("", np.array([100.0, 100.0]), 100.0, lambda s: {"loss": s[0] / s[1], "max_err": 99.0})
     reducer = Reducer(HandBuiltPeer(other), "exact")
-    reduced = reducer.reduce({"loss": 1.0, "max_err": 0.8}, "t", [state], carry={"rank0_step": 42.0},
-                             not_additive={"max_err"})  # fmt: skip
+    part = Part({"loss": 1.0, "max_err": 0.8}, (state,), {"rank0_step": 42.0}, not_additive=frozenset({"max_err"}))
+    [reduced] = reducer.reduce_all([part], "t")
     out = reduced.values
     assert out["loss"] == pytest.approx(211 / 137)  # from the summed state
     assert out["max_err"] == pytest.approx((0.8 * 100 + 0.2 * 37) / 137)  # weighted: never the summed state's
@@ -239,15 +248,13 @@ def test_parts_ride_end_to_end_with_one_signature_and_each_is_reduced_alone():
     reducer = Reducer(HandBuiltPeer(other), "exact")
     mean = lambda s: {"loss": s[0] / s[1]}  # noqa: E731
     batch = Part({"loss": 1.0}, (MetricState("", np.array([10.0, 10.0]), 10.0, mean),))
-    out = reducer.reduce({"loss": 0.5}, "t", [MetricState("", np.array([20.0, 40.0]), 40.0, mean)],
-                         carry={"rank0_step": 7.0}, before=[batch])  # fmt: skip
-    assert [r.values for r in out.before] == [{"loss": pytest.approx(40 / 20)}]
+    epoch = Part({"loss": 0.5}, (MetricState("", np.array([20.0, 40.0]), 40.0, mean),), {"rank0_step": 7.0})
+    before, out = reducer.reduce_all([batch, epoch], "t")
+    assert before.values == {"loss": pytest.approx(40 / 20)}
     assert out.values == {"loss": pytest.approx(100 / 80)} and out.carried == {"rank0_step": 7.0}
     other[-2:] = [h + 1, (h + 1) ** 2]  # the other rank's layout differs: the gather that names the keys runs
     with pytest.raises(MetricKeyMismatchError, match=r"cannot be gathered \(AttributeError\)"):  # (it has none)
-        epoch_state = MetricState("", np.array([20.0, 40.0]), 40.0, mean)
-        Reducer(HandBuiltPeer(other), "exact").reduce({"loss": 0.5}, "t", [epoch_state], carry={"rank0_step": 7.0},
-                                                      before=[batch])  # fmt: skip
+        Reducer(HandBuiltPeer(other), "exact").reduce_all([batch, epoch], "t")
 
 
 def test_the_collective_that_shows_every_rank_ready_switches_its_own_results_to_compiled():
@@ -275,6 +282,6 @@ def test_the_collective_that_shows_every_rank_ready_switches_its_own_results_to_
     for mine, others, expected in ((1.0, 0.0, "eager"), (1.0, 1.0, "compiled"), (0.0, 0.0, "compiled")):
         comm.other_ready = others
         state = MetricState("", np.array([30.0, 10.0]), 10.0, lambda s: {"loss": s[0] / s[1]}, source=Source())
-        values = reducer.reduce({"loss": 3.0}, "epoch", states=[state], carry={tracing.READY_KEY: mine}).values
+        values = reducer.reduce_all([Part({"loss": 3.0}, (state,), {tracing.READY_KEY: mine})], "epoch")[0].values
         assert calls[-1] == expected and values == {"loss": 3.0}  # (30+30)/(10+10) either way
     assert reducer.agreement.compiled  # agreed once: not undone by a later sum

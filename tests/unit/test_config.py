@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from hvd_mlflow.config import AutologOptions, Options
+from tests.support.flavours import importable
 
 
 def test_options_argument_beats_environment_beats_default():
@@ -82,7 +83,7 @@ def test_a_bad_reduction_fails_when_autolog_is_called_or_the_callback_is_created
     import hvd_mlflow
     from hvd_mlflow.every_rank import keras_flavour
 
-    models = [keras_flavour.model_class(flavour) for flavour in keras_flavour.importable()]
+    models = [keras_flavour.model_class(flavour) for flavour in importable()]
     fits = [model.fit for model in models]
     try:
         with pytest.raises(ValueError) as refused:

@@ -10,7 +10,7 @@ from hvd_mlflow import _log
 from hvd_mlflow.config import Options
 from hvd_mlflow.errors import HvdMlflowError, OptionsMismatchError
 from hvd_mlflow.every_rank import keras_flavour
-from hvd_mlflow.every_rank.fit_plan import Plan, Proposal, agree, batch_clock, collective_shape
+from hvd_mlflow.every_rank.fit_plan import Proposal, agree, batch_clock, collective_shape
 
 
 class Gathered:
@@ -109,7 +109,7 @@ def test_the_collective_shape_is_the_options_and_the_compiled_steps_per_executio
 
 
 def test_the_batch_clock_starts_at_the_agreed_step_and_interval():
-    plan = Plan("run-1", True, first_step=110, log_every_n_steps=4)
+    plan = Proposal("run-1", True, 110, (), log_every_n_steps=4)
     clock = batch_clock(plan, compiled(2), warn=True)
     assert (clock.every, clock._anchor, clock._per_execution) == (4, 110, 2)
 
@@ -125,7 +125,7 @@ def test_a_self_tuned_steps_per_execution_turns_batch_logging_off_on_every_rank(
         pytest.skip("this Keras has no self-tuned steps_per_execution")
     if not keras_flavour.steps_per_execution_is_tuned(model):
         pytest.skip("this Keras has no self-tuned steps_per_execution")
-    plan = Plan("run-1", True, first_step=0, log_every_n_steps=4)
+    plan = Proposal("run-1", True, 0, (), log_every_n_steps=4)
     assert dict(collective_shape(Options(log_every_n_steps=4), model))["steps_per_execution"] == "auto"
     quiet = batch_clock(plan, model, warn=False)  # another rank
     said = batch_clock(plan, model, warn=True)  # rank 0

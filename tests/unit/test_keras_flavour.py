@@ -3,9 +3,10 @@ from __future__ import annotations
 import pytest
 
 from hvd_mlflow.every_rank import keras_flavour
+from tests.support.flavours import importable
 
 
-@pytest.mark.parametrize("flavour", keras_flavour.importable())
+@pytest.mark.parametrize("flavour", importable())
 def test_a_model_knows_its_flavour_and_its_batch_hook_rhythm(flavour):
     import importlib
 
@@ -26,7 +27,7 @@ def test_not_a_keras_model_is_refused_clearly():
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_the_flavour_said_without_tensorflow_is_the_one_tensorflow_gives(setting):
     """The truth is TensorFlow itself: a fresh process with the setting imports it and asks tf.keras."""
-    if setting == "1" and "tf_keras" not in keras_flavour.importable():
+    if setting == "1" and "tf_keras" not in importable():
         pytest.skip("TF 2.15 without tf_keras: TensorFlow itself cannot give tf.keras with TF_USE_LEGACY_KERAS=1")
     import os
     import subprocess
@@ -47,7 +48,7 @@ def test_tf_keras_is_asked_for_batch_callbacks_only_when_batches_are_logged(ever
     """training-dynamics.md: with `log_every_n_steps` N = 0 hvd-mlflow does not ask tf_keras for batch callbacks
     at all; with N > 0 it does. The truth is tf_keras' own decision: the CallbackList its `fit` builds (verbose=0:
     with its History, without a progress bar) and whether a batch's end then reaches the callback."""
-    if "tf_keras" not in keras_flavour.importable():
+    if "tf_keras" not in importable():
         pytest.skip("no tf_keras here")
     import tf_keras
 

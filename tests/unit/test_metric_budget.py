@@ -45,15 +45,21 @@ def test_the_optional_names_leave_a_tenth_of_the_places_for_the_user_s_later_nam
 def test_the_user_s_names_are_kept_by_run(monkeypatch):
     """Names a user logged into one run take no place in another run's budget (they were process-wide: an earlier
     run's names, in the same process, took places in every later run's)."""
+    from mlflow import MlflowClient
     from mlflow.entities import Metric
 
     from hvd_mlflow.delivery import mlflow_calls
 
     monkeypatch.setattr(mlflow_calls, "_user_metrics", {})
-    mlflow_calls._note_user_metrics("MlflowClient.log_metric", (None, "run-a", "score", 1.0), {})
-    mlflow_calls._note_user_metrics(
-        "MlflowClient.log_batch", (None,), {"run_id": "run-b", "metrics": [Metric("f1", 1.0, 0, 0)]}
+    mlflow_calls._within_run_budget(
+        "MlflowClient.log_metric", MlflowClient.log_metric, (None, "run-a", "score", 1.0), {}
     )
-    mlflow_calls._note_user_metrics("log_metric", ("ignored", 1.0), {})  # fluent: noted where it ends, in the client
+    mlflow_calls._within_run_budget(
+        "MlflowClient.log_batch",
+        MlflowClient.log_batch,
+        (None,),
+        {"run_id": "run-b", "metrics": [Metric("f1", 1.0, 0, 0)]},
+    )
+    mlflow_calls._rank_zero_only("log_metric", lambda key, value: None)("ignored", 1.0)  # fluent: noted in the client
     assert mlflow_calls.user_metric_names("run-a") == ["score"]
     assert mlflow_calls.user_metric_names("run-b") == ["f1"] and mlflow_calls.user_metric_names("run-c") == []

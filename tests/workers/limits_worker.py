@@ -49,7 +49,7 @@ def timed_epoch_ends(record: Record) -> None:
     from hvd_mlflow.every_rank import aggregate
 
     callback_list = keras_module.callbacks.CallbackList
-    original, reduce = callback_list.on_epoch_end, aggregate.Reducer.reduce
+    original, reduce = callback_list.on_epoch_end, aggregate.Reducer.reduce_all
     waited = {"s": 0.0}
 
     def timed_reduce(self, *args, **kwargs):
@@ -66,7 +66,7 @@ def timed_epoch_ends(record: Record) -> None:
         record.setdefault("collective_s", []).append(waited["s"])
         return result
 
-    aggregate.Reducer.reduce = timed_reduce
+    aggregate.Reducer.reduce_all = timed_reduce
     callback_list.on_epoch_end = on_epoch_end
 
 

@@ -27,9 +27,10 @@ from typing import Any
 
 from .finding import companions
 from .records import DELIVERED, PENDING, REJECTED, SUFFIX, Entry, Journal, JournalMeta, NewEntry
-from .writer import WriterLock, writer_pid_alive, writer_state
+from .writer import WriterLock, written_now
 
 _SCHEMA = """
+PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS entries (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -83,8 +84,6 @@ class FileJournal(Journal):
         """An existing journal (for ``sync``); ``timeout``: how long a statement waits for another writer."""
         db = sqlite3.connect(str(path), timeout=timeout, isolation_level=None, check_same_thread=False)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
         except BaseException:
             db.close()
@@ -95,9 +94,7 @@ class FileJournal(Journal):
     def take_over(self) -> bool:
         """Become the journal's writer (for ``sync``): False while another process may still send from it (as far as
         the filesystem's locks reach: :mod:`.writer`)."""
-        if writer_state(self.path) == "unknown" and writer_pid_alive(self.meta()):
-            return False
-        return self._writer_lock.take()
+        return not written_now(self.path, self.meta()) and self._writer_lock.take()
 
     # -- meta ------------------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -144,16 +141,14 @@ class FileJournal(Journal):
     def _synchronous(self, durable: bool) -> Iterator[None]:
         """The commits inside are synced (``synchronous=FULL``, the journal's setting) or not (``NORMAL``: in WAL
         mode a commit then writes its pages without an fsync, and the next FULL commit syncs them all)."""
-        if durable:
-            self._db.execute("PRAGMA synchronous=FULL")  # again: a failed restore below must not last
-            yield
-            return
-        self._db.execute("PRAGMA synchronous=NORMAL")
+        # FULL set again when durable: a failed restore below must not last
+        self._db.execute("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
         try:
             yield
         finally:
-            with contextlib.suppress(sqlite3.Error):  # the statement's own error is the one to tell
-                self._db.execute("PRAGMA synchronous=FULL")
+            if not durable:
+                with contextlib.suppress(sqlite3.Error):  # the statement's own error is the one to tell
+                    self._db.execute("PRAGMA synchronous=FULL")
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         """Up to ``limit`` unacknowledged entries (of ``kinds``, if given) with a sequence number above ``after``,

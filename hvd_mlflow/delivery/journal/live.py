@@ -73,14 +73,12 @@ class LiveJournal(Journal):
 
     @property
     def dropped_points(self) -> int:
-        current = self._current
-        return current.dropped_points if isinstance(current, MemoryJournal) else 0
+        return getattr(self._current, "dropped_points", 0)  # a file drops nothing
 
     @property
     def left_in_file(self) -> int:
         """Entries the memory journal let go past its bound that the file it took them from still holds."""
-        current = self._current
-        return current.left_in_file if isinstance(current, MemoryJournal) else 0
+        return getattr(self._current, "left_in_file", 0)
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
@@ -101,8 +99,7 @@ class LiveJournal(Journal):
             meta = file.meta()
         except STORAGE_ERRORS:
             meta = self._last_meta
-        memory = MemoryJournal.taking_over(file, meta)
-        memory.continue_after(self._last_seq)
+        memory = MemoryJournal.taking_over(file, meta, after=self._last_seq)
         self._taken = {entry.seq for entry in memory.pending(limit=10**9)}
         self._current = memory
         _mark_moved(file.path)
@@ -117,13 +114,11 @@ class LiveJournal(Journal):
         )
 
     def meta(self) -> JournalMeta:
-        meta = self._call("meta")
-        self._last_meta = meta
+        self._last_meta = meta = self._call("meta")
         return meta
 
     def update_meta(self, **changes: Any) -> JournalMeta:
-        meta = self._call("update_meta", **changes)
-        self._last_meta = meta
+        self._last_meta = meta = self._call("update_meta", **changes)
         return meta
 
     def append_many(self, entries: Sequence[NewEntry], durable: bool = True) -> int:
@@ -156,10 +151,8 @@ class LiveJournal(Journal):
         with self._lock:
             if self._released or not isinstance(self._current, FileJournal):
                 return
-            try:
+            with contextlib.suppress(*STORAGE_ERRORS):
                 self._current.checkpoint()
-            except STORAGE_ERRORS:
-                pass
 
     def release(self, delete: bool = False) -> None:
         """Close the file, which releases its writer lock (``sync`` may take over); ``delete``: remove it, when
@@ -169,10 +162,8 @@ class LiveJournal(Journal):
                 return
             self._released = True
             current = self._current
-            try:
+            with contextlib.suppress(*STORAGE_ERRORS):  # else 0
                 self._left_at_release = current.count()
-            except STORAGE_ERRORS:
-                self._left_at_release = 0
             if self.file is None:
                 return
             if delete and (current is self.file or (isinstance(current, MemoryJournal) and current.took_all)):

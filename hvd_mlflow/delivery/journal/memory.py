@@ -41,11 +41,13 @@ class MemoryJournal(Journal):
     location = "memory"
 
     @classmethod
-    def taking_over(cls, journal: FileJournal, meta: JournalMeta) -> MemoryJournal:
+    def taking_over(cls, journal: FileJournal, meta: JournalMeta, after: int = 0) -> MemoryJournal:
         """A memory journal that continues ``journal``: its meta, and its pending entries when they can be read
         (their sequence numbers are kept, so an acknowledgement of either copy means the same entry);
-        ``took_all`` says whether they could."""
+        ``took_all`` says whether they could. New entries are numbered after ``after`` too (a number the file
+        may have used)."""
         memory = cls(meta)
+        memory._next = after + 1
         try:
             entries = journal.pending(limit=10**9)
         except STORAGE_ERRORS:
@@ -89,11 +91,6 @@ class MemoryJournal(Journal):
                 else:
                     self.dropped_points += n
         return entry.seq
-
-    def continue_after(self, seq: int) -> None:
-        """Hand out sequence numbers after ``seq`` (those a file journal it continues may have used)."""
-        with self._lock:
-            self._next = max(self._next, seq + 1)
 
     def pending(self, limit: int = 1000, kinds: tuple[str, ...] | None = None, after: int = 0) -> list[Entry]:
         with self._lock:

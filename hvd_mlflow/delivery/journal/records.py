@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 SUFFIX = ".journal.sqlite"
@@ -81,36 +82,26 @@ class JournalMeta:
         return cls(**{**defaults, **fields})
 
     def to_rows(self) -> dict[str, str | None]:
-        rows: dict[str, str | None] = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
+        def row(value: Any) -> str | None:
             if isinstance(value, bool):
-                rows[field.name] = "1" if value else "0"
-            elif isinstance(value, Mapping):
-                rows[field.name] = json.dumps(dict(value))
-            else:
-                rows[field.name] = None if value is None else str(value)
-        return rows
+                return "1" if value else "0"
+            return json.dumps(dict(value)) if isinstance(value, Mapping) else None if value is None else str(value)
+
+        return {field.name: row(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_rows(cls, rows: Mapping[str, str | None]) -> JournalMeta:
-        values: dict[str, Any] = {}
-        for field in dataclasses.fields(cls):
-            raw = rows.get(field.name)
-            if raw is None:
-                continue
-            kind = str(field.type)
-            if kind == "bool":
-                values[field.name] = raw == "1"
-            elif kind == "float":
-                values[field.name] = float(raw)
-            elif kind.startswith("int"):
-                values[field.name] = int(raw)
-            elif kind.startswith("Mapping"):
-                values[field.name] = json.loads(raw or "{}")
-            else:
-                values[field.name] = raw
-        return cls(**values)
+        fields = [(f.name, _READ.get(re.split(r"\W", str(f.type))[0], str)) for f in dataclasses.fields(cls)]
+        return cls(**{name: read(rows[name]) for name, read in fields if rows.get(name) is not None})
+
+
+# How from_rows reads a stored row back, by its field's type (its first word); any other: the text (a TEXT column).
+_READ: dict[str, Callable[[str], Any]] = {
+    "bool": lambda raw: raw == "1",
+    "float": float,
+    "int": int,
+    "Mapping": lambda raw: json.loads(raw or "{}"),
+}
 
 
 class Journal:

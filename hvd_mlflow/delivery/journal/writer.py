@@ -71,11 +71,9 @@ def written_now(path: Path, meta: JournalMeta) -> bool:
     without opening it: its writer lock is held, or, where there are no locks, its writer's pid lives on this
     host. ``sync`` leaves such a journal alone, unopened."""
     state = writer_state(path)
-    return state == "alive" or (state == "unknown" and writer_pid_alive(meta))
-
-
-def writer_pid_alive(meta: JournalMeta) -> bool:
-    """Whether the process that wrote ``meta`` lives on this host (and is not this process)."""
+    if state != "unknown":
+        return state == "alive"
+    # the process that wrote ``meta`` lives on this host (and is not this process)
     return meta.host == socket.gethostname() and bool(meta.pid) and _pid_alive(meta.pid or 0)
 
 
