@@ -92,6 +92,16 @@ class Options:
     system_metrics: bool = False
     allow_world_of_one: bool = False
 
+    def __post_init__(self) -> None:
+        """Every way to make options checks them (``resolve``, and an ``Options`` passed as ``options=``)."""
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction={self.reduction!r}: choose one of {', '.join(REDUCTIONS)}")
+        if self.resume not in RESUME_POLICIES:
+            raise ValueError(f"resume={self.resume!r}: choose one of {', '.join(RESUME_POLICIES)}")
+        for name in ("log_every_n_steps", "max_metric_names", "max_rows_per_metric"):
+            if (getattr(self, name) or 0) < 0:
+                raise ValueError(f"{name}={getattr(self, name)}: give 0 (off) or a positive number")
+
     @classmethod
     def resolve(cls, environ: Mapping[str, str] = os.environ, **given: Any) -> Options:
         """Build options from explicit arguments (``None`` means not given), then ``HVD_MLFLOW_*``."""
@@ -107,13 +117,6 @@ class Options:
         if given:
             raise TypeError(f"unknown option(s): {', '.join(sorted(given))}")
         options = cls(**values)
-        if options.reduction not in REDUCTIONS:
-            raise ValueError(f"reduction={options.reduction!r}: choose one of {', '.join(REDUCTIONS)}")
-        if options.resume not in RESUME_POLICIES:
-            raise ValueError(f"resume={options.resume!r}: choose one of {', '.join(RESUME_POLICIES)}")
-        for name in ("log_every_n_steps", "max_metric_names", "max_rows_per_metric"):
-            if (getattr(options, name) or 0) < 0:
-                raise ValueError(f"{name}={getattr(options, name)}: give 0 (off) or a positive number")
         spread = options.rank_spread
         spread = _split(spread) if isinstance(spread, str) else tuple(str(key) for key in spread)
         return dataclasses.replace(options, rank_spread=spread)

@@ -129,7 +129,8 @@ class Uploader:
         next call, so short epochs are packed. Either way a backlog longer than one read-ahead window, and the
         one-by-one search for the entry a server refuses, go on to the end within this call. The one "deliver"
         loop of the live sender and of ``sync``. Returns how many entries were settled; raises what the client
-        raised on a transient failure (nothing is lost: the entries stay pending)."""
+        raised on a transient failure (nothing is lost: the entries stay pending). ``on_progress(n)``: ``n`` entries
+        settled since the last call."""
         settled, idle = 0, False
         while not self._should_stop():
             done = self.upload_some()

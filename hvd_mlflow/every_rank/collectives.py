@@ -1,6 +1,6 @@
 """The engine: the few collectives hvd-mlflow needs, on the training's own communication layer.
 
-Which one (:func:`current`), the same on every process by construction (rule 2):
+Which one (:func:`for_fit`), the same on every process by construction (rule 2):
 
 * :class:`Horovod` when Horovod is initialised with more than one process: ``horovod.tensorflow``'s ``allreduce``,
   ``allgather``, ``allgather_object`` and ``broadcast_object`` (Horovod's Keras layer is broken on Keras 3);

@@ -94,7 +94,8 @@ def sync_one(
     force: bool,
     on_progress: Callable[[int, int], None] = lambda settled, total: None,
 ) -> Synced:
-    """Deliver one journal, saying ``on_progress(settled, total)`` as entries are settled;
+    """Deliver one journal, saying ``on_progress(settled, total)`` as entries are settled (``settled``: since the
+    last call);
     :class:`~hvd_mlflow.delivery.journal.NotAJournal` (the file untouched) when it is not one."""
     meta = journal_module.inspect(path)  # read-only: nothing but a journal is opened for writing
     if not force and journal_module.written_now(path, meta):  # a live writer's journal is not even opened

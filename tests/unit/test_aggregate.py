@@ -18,6 +18,18 @@ from hvd_mlflow.every_rank.collectives import Solo
 from hvd_mlflow.every_rank.metric_state import MetricState
 
 
+def test_every_engine_defines_its_own_collectives():
+    """Solo, the base of every engine, is one process (its collectives are the identity): an engine of several
+    processes that inherited one of them would log each rank's own values with no error."""
+    from hvd_mlflow.every_rank import collectives
+
+    engines = [c for c in vars(collectives).values() if isinstance(c, type) and issubclass(c, Solo) and c is not Solo]
+    assert {c.__name__ for c in engines} == {"Horovod", "TfDistribute", "Jax"}
+    for engine in engines:
+        for method in ("allreduce_sum", "allgather", "allgather_object"):
+            assert method in vars(engine), f"{engine.__name__} inherits Solo's {method} (one process's identity)"
+
+
 class Peer(Solo):
     """Records the vector a rank would contribute, without communicating."""
 

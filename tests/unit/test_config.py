@@ -99,6 +99,11 @@ def test_a_bad_reduction_fails_when_autolog_is_called_or_the_callback_is_created
     with pytest.raises(ValueError) as refused:
         hvd_mlflow.HorovodMlflowCallback()
     assert str(refused.value) == BAD_REDUCTION
+    # Options made directly and passed as options= (autolog's way in) are checked too: every rank refuses them
+    # alike, where the reducer would otherwise take an unknown mode for weighted (failed on 01f8d50)
+    with pytest.raises(ValueError) as refused:
+        hvd_mlflow.HorovodMlflowCallback(options=Options(reduction="median"))
+    assert str(refused.value) == BAD_REDUCTION
 
 
 def _psutil_warnings(monkeypatch, caplog) -> list[str]:

@@ -123,6 +123,28 @@ def test_a_snapshot_keeps_its_values_when_training_goes_on_before_it_is_made_fla
     assert state.samples == 8
 
 
+def test_a_snapshot_whose_read_op_fails_reads_the_same_state_eagerly(monkeypatch):
+    """A read op that fails on this rank alone (the snapshot's only way) gives the state read the other way: the
+    same flat vector, so the collective's layout and values hold on every rank."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    model = trained(["mae", keras.metrics.AUC(name="auc")])
+    want = metric_state._computer(model, metric_state._variables(model))._read_eagerly()
+
+    real, failed = gen_resource_variable_ops.read_variable_op, []
+
+    def fails_once(*args, **kwargs):  # the snapshot's first read fails; TensorFlow's own reads then work
+        if not failed:
+            failed.append(True)
+            raise tf.errors.UnavailableError(None, None, "device gone")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen_resource_variable_ops, "read_variable_op", fails_once)
+    state = metric_state.capture(model, prefix="")
+    assert isinstance(state._values, np.ndarray)  # read eagerly, flat, not as read ops' tensors
+    assert failed and state.values.tolist() == want.tolist() and state.samples == 8
+
+
 def test_a_snapshot_that_cannot_be_copied_out_sends_nan_of_its_size_instead_of_raising(caplog):
     """Made flat on the way into a collective: raising there would be this rank alone, so NaN of the same size."""
 
