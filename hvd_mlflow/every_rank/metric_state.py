@@ -59,9 +59,7 @@ class MetricState:
             try:
                 self._values = _flat(self._values)
             except Exception as error:  # noqa: BLE001 - raised here, it would be on this rank alone
-                warn_once("snapshot", "hvd-mlflow: a metric state could not be read (%s); its values are NaN", error)
-                size = sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._values)
-                self._values = np.full(size, np.nan)
+                self._values = _unread(error, sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._values))
         return self._values
 
     @property
@@ -69,6 +67,14 @@ class MetricState:
         if self._samples is None:
             self._samples = self.source.samples(self.values) if self.source is not None else 1.0
         return self._samples
+
+
+def _unread(error: Exception, size: int) -> np.ndarray:
+    """What a rank whose metric state cannot be read sends: NaN of the state's size, with one warning. Raised in a
+    hook, the error would be this rank's alone while the others wait in the collective; NaN keeps the layout the
+    same on every rank, and the epoch's values NaN on every rank alike."""
+    warn_once("snapshot", "hvd-mlflow: a metric state could not be read (%s); its values are NaN", error)
+    return np.full(size, np.nan)
 
 
 def compute_all(
@@ -274,7 +280,8 @@ class _Computer:
         added: ~12 us against ~170 us for a compiled call and its transfer; ``value()`` would add as much again in
         Python). Every metric variable of tf_keras and of Keras 3 on TensorFlow, and their tf.distribute copies, is a
         resource variable: they copy on write, so later steps do not change the tensors; :func:`_flat` makes them
-        one float64 vector. If a read fails here, the state read eagerly, flat (the same vector: the layout holds)."""
+        one float64 vector. If a read fails here, the state read eagerly, flat (the same vector: the layout holds), and
+        if that fails too, NaN of its size (:func:`_unread`)."""
         import tensorflow as tf
         from tensorflow.python.ops.gen_resource_variable_ops import read_variable_op
 
@@ -283,7 +290,10 @@ class _Computer:
             self._last_read = [t[0] if len(t) == 1 else tf.add_n(t) for t in tensors]
         except Exception:  # noqa: BLE001 - read the other way: every way gives the same vector
             self._last_read = None  # (if that fails too)
-            self._last_read = self._read_eagerly()
+            try:
+                self._last_read = self._read_eagerly()
+            except Exception as error:  # noqa: BLE001 - raised in a hook, it would be on this rank alone
+                return _unread(error, self._layout[-1][0].stop)
         return self._last_read
 
     def samples(self, flat: np.ndarray) -> float:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from hvd_mlflow import _log
 from hvd_mlflow.every_rank import divergence, metric_state, tracing
 
 keras = tf.keras
@@ -145,7 +146,25 @@ def test_a_snapshot_whose_read_op_fails_reads_the_same_state_eagerly(monkeypatch
     assert failed and state.values.tolist() == want.tolist() and state.samples == 8
 
 
-def test_a_snapshot_that_cannot_be_copied_out_sends_nan_of_its_size_instead_of_raising(caplog):
+def test_a_state_that_cannot_be_read_at_all_sends_nan_of_its_size_instead_of_raising(monkeypatch, caplog):
+    """Both reads fail on this rank alone (the read op, then TensorFlow's own reads): raising in the hook would leave
+    the other ranks waiting in the collective, so NaN of the state's size (the eager read's), with a warning."""
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    model = trained(["mae", keras.metrics.AUC(name="auc")])
+    size = metric_state._computer(model, metric_state._variables(model))._read_eagerly().size
+
+    def fails(*args, **kwargs):
+        raise tf.errors.UnavailableError(None, None, "device gone")
+
+    monkeypatch.setattr(gen_resource_variable_ops, "read_variable_op", fails)
+    monkeypatch.setattr(_log, "_said", set())  # its warning is said once per process
+    state = metric_state.capture(model, prefix="")
+    assert state.values.shape == (size,) and np.isnan(state.values).all()
+    assert "device gone" in caplog.text
+
+
+def test_a_snapshot_that_cannot_be_copied_out_sends_nan_of_its_size_instead_of_raising(monkeypatch, caplog):
     """Made flat on the way into a collective: raising there would be this rank alone, so NaN of the same size."""
 
     class LateDeviceError:
@@ -154,6 +173,7 @@ def test_a_snapshot_that_cannot_be_copied_out_sends_nan_of_its_size_instead_of_r
         def __array__(self, dtype=None, copy=None):
             raise RuntimeError("device lost")
 
+    monkeypatch.setattr(_log, "_said", set())  # its warning is said once per process
     state = metric_state.MetricState("", [np.ones(4), LateDeviceError()], None, lambda summed: {})
     assert state.values.shape == (10,) and np.isnan(state.values).all()
     assert "device lost" in caplog.text
